@@ -1,0 +1,107 @@
+"""Starts both real services as processes on loopback, for the integration tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos.llmserve.v1 import llmserve_pb2 as pb
+from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """An executor and a scheduler process serving one model folder."""
+
+    def __init__(self, model: Path, log_dir: Path, executor_args=(), scheduler_args=()):
+        self.port, executor_port = free_port(), free_port()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        self._logs = [open(log_dir / "executor.log", "w"), open(log_dir / "scheduler.log", "w")]
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "executor_svc", "--model", str(model), "--device", "cpu",
+                 "--port", str(executor_port), *executor_args],
+                cwd=ROOT, env=env, stdout=self._logs[0], stderr=subprocess.STDOUT),
+            subprocess.Popen(
+                [sys.executable, "-m", "scheduler_svc", "--port", str(self.port),
+                 "--executor-address", f"127.0.0.1:{executor_port}", *scheduler_args],
+                cwd=ROOT, env=env, stdout=self._logs[1], stderr=subprocess.STDOUT),
+        ]
+        self.address = f"127.0.0.1:{self.port}"
+        self.channel = grpc.insecure_channel(self.address)
+        self.stub = pb_grpc.LLMServeStub(self.channel)
+        self._log_dir = log_dir
+        self._wait_serving(timeout=120)
+
+    def _wait_serving(self, timeout: float) -> None:
+        health = health_pb2_grpc.HealthStub(self.channel)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"a service exited early:\n{self.logs()}")
+            try:
+                r = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"services not serving after {timeout}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {f.name}\n{Path(f.name).read_text()[-4000:]}" for f in self._logs)
+
+    def status(self) -> pb.ServerStatus:
+        return self.stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=10)
+
+    def wait_idle(self, timeout: float = 10) -> pb.ServerStatus:
+        """Status once no request runs or waits and every block is back in the pool."""
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.status()
+            idle = s.num_running == 0 and s.num_waiting == 0 and s.free_blocks == s.total_blocks
+            if idle or time.monotonic() > deadline:
+                return s
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.channel.close()
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in self._logs:
+            f.close()
+
+
+def generate(stub, *, prompt_ids=None, text=None, timeout=120, **params) -> tuple[list[int], str, pb.GenerateResponse]:
+    """Streams one request; returns (all token ids, all text, the last message)."""
+    req = pb.GenerateRequest(params=pb.SamplingParams(**params))
+    if prompt_ids is not None:
+        req.token_ids.ids.extend(prompt_ids)
+    else:
+        req.text = text
+    ids, texts, last = [], [], None
+    for msg in stub.Generate(req, timeout=timeout):
+        ids += msg.token_ids
+        texts.append(msg.text)
+        last = msg
+    return ids, "".join(texts), last

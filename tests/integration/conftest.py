@@ -1,0 +1,45 @@
+import pytest
+import torch
+
+from executor_svc.random_model import build_random_model
+from tests.integration.cluster import Cluster
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory):
+    """Tiny random models, one per architecture family, built once per session."""
+    base = tmp_path_factory.mktemp("models")
+    return {name: build_random_model(base / name, f"tiny-{name}", seed=i)
+            for i, name in enumerate(["llama", "qwen2", "qwen3", "mistral"])}
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(model_dirs):
+    """Reference: transformers generate() on the same folder, greedy, float32."""
+    import transformers
+
+    models = {}
+
+    def run(name: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        if name not in models:
+            models[name] = transformers.AutoModelForCausalLM.from_pretrained(
+                model_dirs[name], dtype=torch.float32).eval()
+        ids = torch.tensor([prompt_ids])
+        with torch.no_grad():
+            out = models[name].generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+                                        attention_mask=torch.ones_like(ids))
+        return out[0, len(prompt_ids):].tolist()
+
+    return run
+
+
+def start_cluster(tmp_path_factory, model, name, executor_args=(), scheduler_args=()):
+    cluster = Cluster(model, tmp_path_factory.mktemp(f"logs-{name}"), executor_args, scheduler_args)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def llama_cluster(model_dirs, tmp_path_factory):
+    c = start_cluster(tmp_path_factory, model_dirs["llama"], "llama")
+    yield c
+    c.stop()
