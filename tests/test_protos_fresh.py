@@ -1,4 +1,4 @@
-"""The committed stubs must be exactly what scripts/gen_protos.sh makes from protos/*.proto."""
+"""The committed stubs must be exactly what protos/generate.sh makes from protos/*.proto."""
 
 import filecmp
 import subprocess
@@ -11,11 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_generated_stubs_are_fresh(tmp_path):
     pytest.importorskip("grpc_tools")
-    subprocess.run(["bash", str(ROOT / "scripts/gen_protos.sh"), str(tmp_path)], check=True)
+    subprocess.run(["bash", str(ROOT / "protos/generate.sh"), str(tmp_path)], check=True)
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*_pb2*.py*"))
     assert len(generated) == 6
     stale = [str(p) for p in generated if not filecmp.cmp(tmp_path / p, ROOT / p, shallow=False)]
-    assert not stale, f"stale stubs, run scripts/gen_protos.sh: {stale}"
+    assert not stale, f"stale stubs, run protos/generate.sh: {stale}"
 
 
 def test_stubs_import_under_installed_grpc():
