@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from executor_svc.random_model import build_random_model
-from tests.integration.cluster import Cluster
+from benchmarks.cluster import Cluster
 
 
 @pytest.fixture(scope="session")
@@ -34,8 +34,8 @@ def hf_greedy(model_dirs):
 
 
 def start_cluster(tmp_path_factory, model, name, executor_args=(), scheduler_args=()):
-    cluster = Cluster(model, tmp_path_factory.mktemp(f"logs-{name}"), executor_args, scheduler_args)
-    return cluster
+    return Cluster(model, tmp_path_factory.mktemp(f"logs-{name}"), ["--device", "cpu", *executor_args],
+                   scheduler_args)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
-from tests.integration.cluster import generate
+from benchmarks.cluster import generate
 from tests.integration.conftest import start_cluster
 
 

@@ -1,4 +1,4 @@
-"""Starts both real services as processes on loopback, for the integration tests."""
+"""Starts both real services as processes on loopback (integration tests and benchmarks)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -27,14 +27,14 @@ def free_port() -> int:
 class Cluster:
     """An executor and a scheduler process serving one model folder."""
 
-    def __init__(self, model: Path, log_dir: Path, executor_args=(), scheduler_args=()):
+    def __init__(self, model: Path, log_dir: Path, executor_args=(), scheduler_args=(),
+                 timeout: float = 120):
         self.port, executor_port = free_port(), free_port()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         self._logs = [open(log_dir / "executor.log", "w"), open(log_dir / "scheduler.log", "w")]
         self.procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "executor_svc", "--model", str(model), "--device", "cpu",
-                 "--port", str(executor_port), *executor_args],
+                [sys.executable, "-m", "executor_svc", "--model", str(model), "--port", str(executor_port), *executor_args],
                 cwd=ROOT, env=env, stdout=self._logs[0], stderr=subprocess.STDOUT),
             subprocess.Popen(
                 [sys.executable, "-m", "scheduler_svc", "--port", str(self.port),
@@ -45,7 +45,7 @@ class Cluster:
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.LLMServeStub(self.channel)
         self._log_dir = log_dir
-        self._wait_serving(timeout=120)
+        self._wait_serving(timeout)
 
     def _wait_serving(self, timeout: float) -> None:
         health = health_pb2_grpc.HealthStub(self.channel)

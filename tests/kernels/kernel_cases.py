@@ -1,0 +1,93 @@
+"""Random paged-attention cases shared by the kernel tests, and a dense attention written apart
+from kernels/reference.py (per-position slot lookup + torch SDPA with an explicit mask)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PagedCase:
+    q: torch.Tensor  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]; NaN outside valid slots
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, shuffled ids >= 1, unused columns 0
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    scale: float
+    max_query_len: int
+    max_seq_len: int
+
+
+def make_case(
+    q_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
+    block_size: int, dtype: torch.dtype, device: str | torch.device, seed: int = 0,
+    extra_blocks: int = 3, extra_columns: int = 2,
+) -> PagedCase:
+    """Caches hold random K/V in each request's slots and NaN everywhere else (block 0 included),
+    so reading anything outside a request's valid context shows up as NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [(s + block_size - 1) // block_size for s in seq_lens]
+    num_blocks = 1 + sum(blocks_per_seq) + extra_blocks
+    ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    max_blocks = max(blocks_per_seq + [1]) + extra_columns
+    block_tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    k_flat, v_flat = k_cache.view(-1, num_kv_heads, head_dim), v_cache.view(-1, num_kv_heads, head_dim)
+    for i, (n, s) in enumerate(zip(blocks_per_seq, seq_lens)):
+        block_tables[i, :n] = torch.tensor(ids[:n], dtype=torch.int32)
+        ids = ids[n:]
+        slots = slots_of(block_tables[i], s, block_size)
+        k_flat[slots] = torch.randn(s, num_kv_heads, head_dim, generator=gen).to(dtype)
+        v_flat[slots] = torch.randn(s, num_kv_heads, head_dim, generator=gen).to(dtype)
+    qsl = [0]
+    for n in q_lens:
+        qsl.append(qsl[-1] + n)
+    q = torch.randn(qsl[-1], num_heads, head_dim, generator=gen).to(dtype)
+    return PagedCase(
+        q.to(device), k_cache.to(device), v_cache.to(device), block_tables.to(device),
+        torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        torch.tensor(qsl, dtype=torch.int32, device=device),
+        head_dim ** -0.5, max(q_lens + [0]), max(seq_lens + [0]),
+    )
+
+
+def slots_of(block_table: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+    """Slot of each position 0..seq_len-1, one position at a time (as the contract states it)."""
+    bt = block_table.tolist()
+    return torch.tensor([bt[p // block_size] * block_size + p % block_size for p in range(seq_len)],
+                        dtype=torch.long)
+
+
+def dense_attention(case: PagedCase) -> torch.Tensor:
+    """Expected output in float32: SDPA over each request's gathered K/V with an explicit mask."""
+    num_heads = case.q.shape[1]
+    _, block_size, num_kv_heads, head_dim = case.k_cache.shape
+    group = num_heads // num_kv_heads
+    k_flat = case.k_cache.float().cpu().reshape(-1, num_kv_heads, head_dim)
+    v_flat = case.v_cache.float().cpu().reshape(-1, num_kv_heads, head_dim)
+    q = case.q.float().cpu()
+    out = torch.zeros_like(q)
+    qsl = case.query_start_loc.tolist()
+    for i, seq_len in enumerate(case.seq_lens.tolist()):
+        start, end = qsl[i], qsl[i + 1]
+        if end == start or seq_len == 0:
+            continue
+        slots = slots_of(case.block_tables[i].cpu(), seq_len, block_size)
+        k = k_flat[slots].transpose(0, 1).repeat_interleave(group, dim=0)  # [H, L, D]
+        v = v_flat[slots].transpose(0, 1).repeat_interleave(group, dim=0)
+        qi = q[start:end].transpose(0, 1)  # [H, q_len, D]
+        q_pos = torch.arange(seq_len - (end - start), seq_len)
+        mask = torch.arange(seq_len)[None, :] <= q_pos[:, None]  # [q_len, L], True = attend
+        o = torch.nn.functional.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=case.scale)
+        out[start:end] = o.transpose(0, 1)
+    return out
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.float().cpu(), ref.float().cpu()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-12)).item()
