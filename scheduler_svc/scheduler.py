@@ -1,0 +1,264 @@
+"""Continuous batching by one rule: every step, hand out a token budget so that each request's
+computed tokens catch up with the tokens it has. Prefill, chunked prefill, decode and resumed
+requests are all that rule. See docs/scheduler.md.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .kv_cache_manager import KVCacheManager, cdiv
+from .request import FinishReason, Request, RequestStatus
+from .scheduler_output import CachedRequestData, NewRequestData, RequestOutput, SchedulerOutput
+from .stop import StopStringMatcher, length_reached, process_token
+
+
+@dataclass(frozen=True)
+class SchedulerCoreConfig:
+    """What the scheduler core needs; built from the executor handshake and the flags."""
+
+    num_blocks: int  # KV blocks in the executor's cache, including the null block 0
+    block_size: int  # tokens per block
+    max_num_seqs: int  # most requests running at once
+    max_num_batched_tokens: int  # token budget of one step
+    max_model_len: int  # prompt + output never exceed this
+    long_prefill_token_threshold: int = 0  # most prefill tokens of one request per step; 0 = off
+    eos_token_ids: tuple[int, ...] = ()
+
+
+class Scheduler:
+    """Plans steps (schedule) and applies their sampled tokens (update_from_output).
+
+    The caller may run one step ahead: schedule() for step N+1 before update_from_output() of
+    step N. Every plan returned by schedule() must be applied, in step order, even an empty
+    one (update_from_output(plan, {})). A request's blocks return to the pool only once no
+    step in flight includes it.
+    """
+
+    def __init__(self, config: SchedulerCoreConfig,
+                 detokenizer_factory: Callable[[Request], Any] | None = None):
+        self.config = config
+        self.kv = KVCacheManager(config.num_blocks, config.block_size)
+        # Makes a request's incremental detokenizer (step(token_id) -> str); None = no text.
+        self.detokenizer_factory = detokenizer_factory
+        # Live requests: not finished, or finished with steps still in flight.
+        self.requests: dict[int, Request] = {}
+        self.waiting: deque[Request] = deque()  # new and preempted (at the front)
+        self.running: list[Request] = []  # kept in arrival order: the newest is preempted first
+        self._num_arrivals = 0
+        self._next_step_id = 0
+        self._inflight_step_ids: deque[int] = deque()
+        self._finished_req_ids: list[int] = []  # for the next plan
+
+    # -- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queues a new request. Raises ValueError if it can never run."""
+        self._validate(request)
+        request.arrival_order = self._num_arrivals
+        self._num_arrivals += 1
+        request.status = RequestStatus.WAITING
+        request.stop_matcher = StopStringMatcher(request.params.stop)
+        if self.detokenizer_factory is not None:
+            request.detokenizer = self.detokenizer_factory(request)
+        self.requests[request.req_id] = request
+        self.waiting.append(request)
+
+    def _validate(self, request: Request) -> None:
+        num_prompt, max_len = request.num_prompt_tokens, self.config.max_model_len
+        if request.req_id in self.requests:
+            raise ValueError(f"request {request.req_id} already exists")
+        if not 0 < num_prompt < max_len:
+            raise ValueError(f"prompt has {num_prompt} tokens; need 1 to {max_len - 1}")
+        if request.params.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        # The last sampled token is never fed back, so it needs no slot.
+        num_slots = min(num_prompt + request.params.max_tokens, max_len) - 1
+        if cdiv(num_slots, self.config.block_size) > self.num_total_blocks:
+            raise ValueError(f"request needs {num_slots} KV slots; the cache has "
+                             f"{self.num_total_blocks * self.config.block_size}")
+
+    def abort_request(self, req_id: int) -> None:
+        """Finishes the request as CANCELLED; no output is returned for it from now on.
+
+        Unknown or already finished ids are ignored. Its blocks are freed once no step in
+        flight includes it.
+        """
+        request = self.requests.get(req_id)
+        if request is not None and not request.is_finished:
+            self._finish(request, FinishReason.CANCELLED)
+
+    def has_work(self) -> bool:
+        """Whether schedule() has something to plan (requests, or finished ids to report)."""
+        return bool(self.waiting or self.running or self._finished_req_ids)
+
+    # -- load figures --------------------------------------------------------------------
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.kv.pool.num_total_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.kv.pool.num_free_blocks
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # -- planning ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Plans the next step: running requests first (oldest first), then waiting ones."""
+        out = SchedulerOutput(step_id=self._next_step_id, finished_req_ids=self._finished_req_ids)
+        self._next_step_id += 1
+        self._finished_req_ids = []
+        budget, can_admit = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if can_admit:
+            self._schedule_waiting(out, budget)
+        self._inflight_step_ids.append(out.step_id)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> tuple[int, bool]:
+        """Returns the budget left and whether waiting requests may be admitted this step."""
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new_tokens = self._num_new_tokens(request, budget)
+            if num_new_tokens == 0:  # finishes once its token in flight arrives
+                i += 1
+                continue
+            if not self._make_room(request, num_new_tokens, out):
+                return budget, False
+            new_block_ids = self.kv.allocate_slots(request, num_new_tokens)
+            out.cached_requests.append(
+                CachedRequestData(request.req_id, new_block_ids, num_new_tokens))
+            self._advance(request, num_new_tokens)
+            budget -= num_new_tokens
+            i += 1
+        return budget, not out.preempted_req_ids
+
+    def _make_room(self, request: Request, num_new_tokens: int, out: SchedulerOutput) -> bool:
+        """Preempts the newest running requests until request's new slots fit in the pool.
+
+        Blocks of preempted or finished requests still in a step in flight come back only
+        after that step is applied: if those suffice, preempt no more and wait a step.
+        Returns False when request cannot run this step (waiting, or itself preempted).
+        """
+        while not self.kv.can_allocate_slots(request, num_new_tokens):
+            num_needed = self.kv.num_blocks_needed(request, num_new_tokens)
+            if self.num_free_blocks + self._num_blocks_freeing() >= num_needed:
+                return False
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is request:
+                return False
+        return True
+
+    def _num_blocks_freeing(self) -> int:
+        """Blocks held by finished or preempted requests until their steps in flight end."""
+        num_held = sum(len(r.block_ids) for r in self.running)
+        return self.num_total_blocks - self.num_free_blocks - num_held
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Admits waiting requests in order (FCFS) while budget, seats and blocks last."""
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if request.num_inflight_steps > 0:
+                break  # preempted with a token in flight: its ids are not all known yet
+            num_new_tokens = self._num_new_tokens(request, budget)
+            if not self.kv.can_allocate_slots(request, num_new_tokens):
+                break
+            self.waiting.popleft()
+            self.kv.allocate_slots(request, num_new_tokens)
+            out.new_requests.append(NewRequestData(
+                request.req_id, request.all_token_ids, request.params, list(request.block_ids),
+                request.num_computed_tokens, num_new_tokens))
+            request.status = RequestStatus.RUNNING
+            bisect.insort(self.running, request, key=lambda r: r.arrival_order)
+            self._advance(request, num_new_tokens)
+            budget -= num_new_tokens
+
+    def _num_new_tokens(self, request: Request, budget: int) -> int:
+        """The one rule: catch computed tokens up with all tokens, within the limits."""
+        if length_reached(request, self.config.max_model_len, request.num_pending_tokens):
+            return 0  # its last token is in flight: it will finish whatever the token is
+        num_new_tokens = request.num_tokens_with_pending - request.num_computed_tokens
+        if self.config.long_prefill_token_threshold > 0:
+            num_new_tokens = min(num_new_tokens, self.config.long_prefill_token_threshold)
+        return min(num_new_tokens, budget)
+
+    def _advance(self, request: Request, num_new_tokens: int) -> None:
+        request.num_computed_tokens += num_new_tokens
+        request.num_inflight_steps += 1
+        if request.num_computed_tokens == request.num_tokens_with_pending:
+            request.num_pending_tokens += 1  # the row reaches the end of its tokens: it samples
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Recompute later: drop its KV, keep its tokens, put it at the front of the queue."""
+        self.running.remove(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        self._release_blocks(request)
+        self.waiting.appendleft(request)
+        out.preempted_req_ids.append(request.req_id)
+
+    # -- results -------------------------------------------------------------------------
+
+    def update_from_output(self, output: SchedulerOutput,
+                           sampled: dict[int, int]) -> list[RequestOutput]:
+        """Applies a step's sampled tokens (req_id -> token id); returns what each request
+        produced. Tokens of requests finished or aborted meanwhile are discarded."""
+        if not self._inflight_step_ids or self._inflight_step_ids[0] != output.step_id:
+            raise RuntimeError(f"step {output.step_id} applied out of order; "
+                               f"in flight: {list(self._inflight_step_ids)}")
+        self._inflight_step_ids.popleft()
+        outputs = []
+        for req_id in output.scheduled_req_ids:
+            request = self.requests[req_id]
+            request.num_inflight_steps -= 1
+            token_id = sampled.get(req_id)
+            if token_id is not None and request.num_pending_tokens > 0:
+                request.num_pending_tokens -= 1
+                if not request.is_finished:
+                    outputs.append(self._append_token(request, token_id))
+            self._release_blocks(request)
+        return outputs
+
+    def _append_token(self, request: Request, token_id: int) -> RequestOutput:
+        request.output_token_ids.append(token_id)
+        text, reason, matched = process_token(
+            request, token_id, self.config.eos_token_ids, self.config.max_model_len)
+        if reason is not None:
+            self._finish(request, reason)
+        return RequestOutput(request.req_id, [token_id], text, reason, matched,
+                             request.num_prompt_tokens, request.num_output_tokens)
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+            self._finished_req_ids.append(request.req_id)  # the executor holds its row
+        else:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        self._release_blocks(request)
+
+    def _release_blocks(self, request: Request) -> None:
+        """Frees a finished or preempted request's blocks once no step in flight has it."""
+        if request.num_inflight_steps > 0 or request.status in (
+                RequestStatus.RUNNING, RequestStatus.WAITING):
+            return
+        if request.block_ids:
+            self.kv.free(request)
+        if request.is_finished:
+            self.requests.pop(request.req_id, None)
+            request.detokenizer = None
