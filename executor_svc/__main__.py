@@ -1,0 +1,3 @@
+from executor_svc.server import main
+
+main()

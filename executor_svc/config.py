@@ -1,0 +1,99 @@
+"""Executor configuration: read once from flags (with LLMSERVE_EXECUTOR_<FLAG> env fallbacks)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+ENV_PREFIX = "LLMSERVE_EXECUTOR_"
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """Everything the executor needs to start; resolved (no "auto" left) by from_args."""
+
+    model: str = ""  # model folder; "" = the built-in random demo model
+    model_name: str = ""  # name reported in the handshake; "" = the folder's name
+    host: str = "127.0.0.1"
+    port: int = 50061
+    device: str = "cpu"  # "cuda" or "cpu"
+    dtype: str = "float32"  # compute dtype name: "bfloat16", "float16", "float32"
+    block_size: int = 16  # tokens per KV block
+    max_num_seqs: int = 64  # rows of the static buffers: most requests in one step
+    max_num_batched_tokens: int = 2048  # most tokens in one step
+    max_model_len: int = 0  # most tokens per request; 0 = the model's max_position_embeddings
+    gpu_memory_utilization: float = 0.9  # share of GPU memory the executor may use in all
+    num_kv_blocks: int = 0  # override of the measured number of KV blocks (0 = measure)
+    cpu_kv_cache_gib: float = 1.0  # KV budget on CPU when num_kv_blocks is 0
+    enforce_eager: bool = False  # no CUDA graphs
+    cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes to capture, ascending
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        return self.device == "cuda" and not self.enforce_eager and bool(self.cuda_graph_sizes)
+
+    @classmethod
+    def from_args(cls, argv: list[str] | None = None) -> "ExecutorConfig":
+        """Parses flags; a flag not given falls back to LLMSERVE_EXECUTOR_<FLAG>, then to its default."""
+        ns = _parser().parse_args(argv)
+        device = ns.device
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        on_cuda = device == "cuda"
+        dtype = ns.dtype if ns.dtype != "auto" else ("bfloat16" if on_cuda else "float32")
+        max_num_seqs = ns.max_num_seqs or (256 if on_cuda else 64)
+        max_tokens = ns.max_num_batched_tokens or (8192 if on_cuda else 2048)
+        sizes = _parse_sizes(ns.cuda_graph_sizes, max_num_seqs)
+        return cls(
+            model=ns.model, model_name=ns.model_name, host=ns.host, port=ns.port, device=device,
+            dtype=dtype, block_size=ns.block_size, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max(max_tokens, max_num_seqs), max_model_len=ns.max_model_len,
+            gpu_memory_utilization=ns.gpu_memory_utilization, num_kv_blocks=ns.num_kv_blocks,
+            cpu_kv_cache_gib=ns.cpu_kv_cache_gib, enforce_eager=ns.enforce_eager,
+            cuda_graph_sizes=sizes,
+        )
+
+
+def default_cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, then steps of 8 up to max_num_seqs (which is always included)."""
+    sizes = [s for s in (1, 2, 4) if s < max_num_seqs] + list(range(8, max_num_seqs, 8))
+    return tuple(sorted(set(sizes + [max_num_seqs])))
+
+
+def _parse_sizes(text: str, max_num_seqs: int) -> tuple[int, ...]:
+    if not text:
+        return default_cuda_graph_sizes(max_num_seqs)
+    sizes = {int(s) for s in text.split(",") if s.strip()}
+    return tuple(sorted(s for s in sizes if 0 < s <= max_num_seqs))
+
+
+def _env(flag: str, default):
+    return os.environ.get(ENV_PREFIX + flag.upper().replace("-", "_"), default)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmserve-executor", description="llmserve GPU executor")
+
+    def add(flag: str, typ, default, help_: str) -> None:
+        p.add_argument(f"--{flag}", type=typ, default=typ(_env(flag, default)), help=help_)
+
+    add("model", str, "", "model folder (HF layout); empty = built-in random demo model")
+    add("model-name", str, "", "name reported to the scheduler (default: folder name)")
+    add("host", str, "127.0.0.1", "address to bind (loopback by default)")
+    add("port", int, 50061, "port to bind")
+    add("device", str, "auto", "cuda, cpu or auto")
+    add("dtype", str, "auto", "bfloat16, float16, float32 or auto (bf16 on cuda, fp32 on cpu)")
+    add("block-size", int, 16, "tokens per KV block")
+    add("max-num-seqs", int, 0, "most requests per step (0 = 256 on cuda, 64 on cpu)")
+    add("max-num-batched-tokens", int, 0, "most tokens per step (0 = 8192 on cuda, 2048 on cpu)")
+    add("max-model-len", int, 0, "most tokens per request (0 = from the model config)")
+    add("gpu-memory-utilization", float, 0.9, "share of GPU memory to use")
+    add("num-kv-blocks", int, 0, "number of KV blocks (0 = measure / from --cpu-kv-cache-gib)")
+    add("cpu-kv-cache-gib", float, 1.0, "KV cache budget on CPU, GiB")
+    add("cuda-graph-sizes", str, "", "comma-separated decode batch sizes to capture")
+    eager_env = str(_env("enforce-eager", "")).lower() in ("1", "true", "yes", "on")
+    p.add_argument("--enforce-eager", action="store_true", default=eager_env, help="disable CUDA graphs")
+    return p

@@ -1,0 +1,123 @@
+"""Loads a Hugging Face model folder into our model: config via transformers, weights via safetensors."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from executor_svc.models.llama import LlamaForCausalLM, ModelArgs
+
+log = logging.getLogger(__name__)
+
+# config.model_type of the families we serve (LlamaForCausalLM, MistralForCausalLM, ...)
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# checkpoint name piece -> (our fused parameter piece, index of the part in the fused tensor)
+_FUSED = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+
+
+def load_hf_config(path: str | Path):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path))
+
+
+def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+    """Builds the model for the folder's config.json and loads its safetensors weights."""
+    path = Path(path)
+    cfg = load_hf_config(path)
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"unsupported model type {cfg.model_type!r} (supported: {SUPPORTED_MODEL_TYPES})")
+    args = ModelArgs.from_hf_config(cfg)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(args).to(dtype)
+    model = model.to_empty(device=device)
+    if args.tie_word_embeddings:  # to_empty() unties: tie again
+        model.lm_head.weight = model.embed_tokens.weight
+    model.cos_sin_cache = model.cos_sin_cache.to(device=device, dtype=torch.float32)
+    model.eval().requires_grad_(False)
+    with torch.no_grad():
+        load_weights(model, path)
+    return model
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [path / f for f in sorted(set(weight_map.values()))]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors weights in {path}")
+    return files
+
+
+def _target(name: str) -> tuple[str, int | None]:
+    """Checkpoint name -> (our parameter name, part index in a fused tensor or None)."""
+    name = name.removeprefix("model.")
+    for piece, (fused, part) in _FUSED.items():
+        if f".{piece}." in name:
+            return name.replace(piece, fused), part
+    return name, None
+
+
+def load_weights(model: LlamaForCausalLM, path: Path) -> None:
+    """Copies every checkpoint tensor into its (possibly fused) parameter; checks nothing is missing."""
+    args = model.args
+    params = dict(model.named_parameters())
+    q, kv, inter = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim, args.intermediate_size
+    offsets = {"qkv_proj": [0, q, q + kv, q + 2 * kv], "gate_up_proj": [0, inter, 2 * inter]}
+    loaded: set[str] = set()
+    for file in _safetensors_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for ckpt_name in f.keys():
+                name, part = _target(ckpt_name)
+                if name == "lm_head.weight" and args.tie_word_embeddings:
+                    continue
+                if name not in params:
+                    raise KeyError(f"unexpected weight {ckpt_name!r} in {file.name}")
+                param = params[name]
+                if part is not None:
+                    bounds = offsets[name.split(".")[-2]]
+                    param = param[bounds[part]:bounds[part + 1]]
+                    name = f"{name}#{part}"
+                tensor = f.get_tensor(ckpt_name)
+                if tensor.shape != param.shape:
+                    raise ValueError(f"{ckpt_name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+                param.copy_(tensor)
+                loaded.add(name)
+    _check_complete(model, loaded)
+
+
+def _check_complete(model: LlamaForCausalLM, loaded: set[str]) -> None:
+    expected = set()
+    for name, _ in model.named_parameters():  # a tied lm_head is not listed (shared parameter)
+        fused = name.split(".")[-2] if name.count(".") >= 1 else ""
+        parts = {"qkv_proj": 3, "gate_up_proj": 2}.get(fused)
+        expected.update([f"{name}#{i}" for i in range(parts)] if parts else [name])
+    if "lm_head.weight" in expected and "lm_head.weight" not in loaded and "embed_tokens.weight" in loaded:
+        # no lm_head in the file: tie it to the embeddings (some checkpoints omit it)
+        model.lm_head.weight = model.embed_tokens.weight
+        expected.discard("lm_head.weight")
+    missing = expected - loaded
+    if missing:
+        raise ValueError(f"weights missing from the checkpoint: {sorted(missing)[:8]}")
+
+
+def eos_token_ids(path: str | Path, hf_config) -> list[int]:
+    """EOS ids from generation_config.json, else config.json; always a list."""
+    eos = None
+    gen_file = Path(path) / "generation_config.json"
+    if gen_file.exists():
+        eos = json.loads(gen_file.read_text()).get("eos_token_id")
+    if eos is None:
+        eos = getattr(hf_config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, list) else [eos])]

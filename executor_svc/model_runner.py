@@ -1,0 +1,297 @@
+"""ModelRunner: runs one step plan on the device — update rows, prepare inputs, forward, sample."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from executor_svc import kv_cache, loader
+from executor_svc.attention import AttentionMetadata
+from executor_svc.config import ExecutorConfig
+from executor_svc.input_batch import InputBatch, RequestState, StepBuffers
+from executor_svc.plan import ExecutorInfo, StepOutput, StepPlan
+from executor_svc.sampler import SamplingTensors, sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Step:
+    """Host facts about the prepared step (device data lives in the StepBuffers)."""
+
+    num_reqs: int
+    num_tokens: int
+    num_sample: int
+    sample_req_ids: list[int]
+    max_query_len: int
+    max_seq_len: int
+    all_greedy: bool
+    need_top_k_top_p: bool
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == self.num_reqs
+
+
+class ModelRunner:
+    """Owns the model, the KV cache, the request rows and the static buffers of one device."""
+
+    def __init__(self, config: ExecutorConfig):
+        from executor_svc.random_model import demo_model_path
+
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = getattr(torch, config.dtype)
+        self.model_path = Path(config.model) if config.model else demo_model_path()
+        t0 = time.perf_counter()
+        self.hf_config = loader.load_hf_config(self.model_path)
+        self.model = loader.load_model(self.model_path, self.device, self.dtype)
+        self.args = self.model.args
+        log.info("loaded %s in %.2f s", self.model_path, time.perf_counter() - t0)
+        self.block_size = config.block_size
+        self.max_model_len = config.max_model_len or self.args.max_position_embeddings
+        self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
+        self.batch = InputBatch(config.max_num_seqs, self.max_blocks_per_seq, self.device)
+        self.buffers = StepBuffers(config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.max_blocks_per_seq, self.device)
+        self.num_blocks = self._measure_num_blocks()
+        self.kv_caches = kv_cache.allocate_kv_caches(self.args, self.num_blocks, self.block_size,
+                                                     self.dtype, self.device)
+        log.info("KV cache: %d blocks of %d tokens", self.num_blocks, self.block_size)
+        self.graphs = None
+        if config.use_cuda_graphs:
+            from executor_svc.cuda_graphs import GraphRunner
+
+            self.graphs = GraphRunner(self, config.cuda_graph_sizes)
+
+    # ---- start-up -------------------------------------------------------------------------
+
+    def _measure_num_blocks(self) -> int:
+        cfg = self.config
+        if cfg.num_kv_blocks:
+            return cfg.num_kv_blocks
+        if self.device.type != "cuda":
+            budget = int(cfg.cpu_kv_cache_gib * (1 << 30))
+        else:
+            budget = kv_cache.cuda_kv_budget(self.device, cfg.gpu_memory_utilization, self._profile_run())
+        num_blocks = kv_cache.num_blocks_from_budget(budget, self.args, self.block_size, self.dtype)
+        if num_blocks < 2:
+            raise RuntimeError(f"no memory left for the KV cache (budget {budget} bytes)")
+        return num_blocks
+
+    def _profile_run(self) -> int:
+        """Runs the largest step (max_num_batched_tokens, as sequences of <= 512 tokens) over a
+        scratch cache; returns the activation peak in bytes above the resident memory."""
+        t = self.config.max_num_batched_tokens
+        seq = min(512, self.max_model_len)
+        lens = [seq] * (t // seq) + ([t % seq] if t % seq else [])
+        blocks_per_seq = -(-seq // self.block_size)
+        caches = kv_cache.allocate_kv_caches(self.args, 1 + blocks_per_seq, self.block_size,
+                                             self.dtype, self.device)
+        buf = self.buffers
+        pos = np.concatenate([np.arange(n) for n in lens])
+        buf.input_ids.np[:t], buf.use_last.np[:t], buf.positions.np[:t] = 0, False, pos
+        buf.slot_mapping.np[:t] = self.block_size + pos  # blocks 1.. of the scratch cache
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        table = torch.arange(1, 1 + blocks_per_seq, dtype=torch.int32, device=self.device)
+        attn = AttentionMetadata(
+            slot_mapping=buf.slot_mapping.copy_to_device(t),
+            block_tables=table.expand(len(lens), -1).contiguous(),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device),
+            query_start_loc=torch.tensor(np.cumsum([0] + lens), dtype=torch.int32, device=self.device),
+            max_query_len=seq, max_seq_len=seq, is_decode=False)
+        hidden = self.model(buf.input_ids.copy_to_device(t), buf.positions.copy_to_device(t), attn, caches)
+        self.model.compute_logits(hidden[: self.config.max_num_seqs])
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        del caches, hidden
+        return peak
+
+    def info(self) -> ExecutorInfo:
+        cfg = self.config
+        return ExecutorInfo(
+            model_name=cfg.model_name or self.model_path.name, model_path=str(self.model_path),
+            vocab_size=self.args.vocab_size,
+            eos_token_ids=tuple(loader.eos_token_ids(self.model_path, self.hf_config)),
+            max_model_len=self.max_model_len, block_size=self.block_size, num_blocks=self.num_blocks,
+            cuda_graph_sizes=tuple(self.graphs.sizes) if self.graphs else (),
+            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            device=self.device.type, dtype=cfg.dtype)
+
+    def reset(self) -> None:
+        """Forgets every request."""
+        self.batch.clear()
+
+    # ---- one step -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Runs one step plan; returns the sampled token of each request that completed its known tokens."""
+        t0 = time.perf_counter()
+        scheduled = self._update_states(plan)
+        out = StepOutput(step_id=plan.step_id)
+        if not scheduled:
+            return out
+        step = self._prepare(scheduled)
+        graph_size = self.graphs.size_for(step) if self.graphs else 0
+        attn = self._copy_inputs(step, graph_size)
+        timer = _Timer(self.device)
+        out.prepare_us = int((time.perf_counter() - t0) * 1e6)
+        timer.mark()
+        logits = self._forward(step, attn, graph_size)  # [N, V] float32
+        timer.mark()
+        if step.num_sample:
+            out.token_ids = self._sample(step, logits)
+            out.req_ids = step.sample_req_ids
+            for req_id, token in zip(out.req_ids, out.token_ids):
+                self.batch.requests[req_id].output_token_ids.append(token)
+        timer.mark()
+        out.forward_us, out.sample_us = timer.elapsed_us()
+        out.graph_size = graph_size
+        return out
+
+    def _update_states(self, plan: StepPlan) -> list[tuple[RequestState, int]]:
+        """Drops finished/preempted rows, adds new requests, applies block deltas.
+        Returns (state, num_scheduled_tokens) in plan order."""
+        for req_id in (*plan.finished_req_ids, *plan.preempted_req_ids):
+            self.batch.remove(req_id)
+        scheduled = []
+        for new in plan.new_requests:
+            scheduled.append((self.batch.add(new), new.num_scheduled_tokens))
+        for cached in plan.cached_requests:
+            state = self.batch.requests.get(cached.req_id)
+            if state is None:
+                raise KeyError(f"cached request {cached.req_id} is not running on the executor")
+            self.batch.append_blocks(state, cached.new_block_ids)
+            scheduled.append((state, cached.num_scheduled_tokens))
+        return [(s, n) for s, n in scheduled if n > 0]
+
+    def _prepare(self, scheduled: list[tuple[RequestState, int]]) -> _Step:
+        """Writes the step's inputs into the host buffers and advances num_computed_tokens.
+
+        Tokens of a request in this step, positions start..end:
+            |-- known (sent by the scheduler) --|-- last sampled (device) --|
+            start                        len(token_ids)                    end
+        The second region is at most one token (decode), taken from the device.
+        """
+        buf, batch, bs = self.buffers, self.batch, self.block_size
+        num_tokens = sum(n for _, n in scheduled)
+        if num_tokens > self.config.max_num_batched_tokens or len(scheduled) > self.config.max_num_seqs:
+            raise ValueError(f"step too large: {len(scheduled)} requests, {num_tokens} tokens")
+        off = num_sample = 0
+        sample_req_ids, max_query_len, max_seq_len = [], 0, 0
+        buf.query_start_loc.np[0] = 0
+        for i, (state, n) in enumerate(scheduled):
+            start, end, num_known = state.num_computed_tokens, state.num_computed_tokens + n, len(state.token_ids)
+            if end > min(state.num_blocks * bs, self.max_model_len):
+                raise ValueError(f"request {state.req_id}: {end} tokens exceed its blocks or max_model_len")
+            k = max(0, min(end, num_known) - start)  # known tokens in this chunk
+            if n - k > 1 or (n > k and k > 0):  # the unknown token can only be a lone decode token
+                raise ValueError(f"request {state.req_id}: scheduled past its known tokens + 1")
+            pos = np.arange(start, end)
+            buf.positions.np[off:off + n] = pos
+            buf.input_ids.np[off:off + k] = state.token_ids[start:start + k]
+            buf.input_ids.np[off + k:off + n] = 0
+            buf.use_last.np[off:off + n] = False
+            buf.use_last.np[off + k:off + n] = True
+            buf.src_rows.np[off:off + n] = state.row
+            row_table = batch.block_table[state.row]
+            buf.slot_mapping.np[off:off + n] = row_table[pos // bs].astype(np.int64) * bs + pos % bs
+            buf.block_tables.np[i] = row_table
+            buf.seq_lens.np[i] = end
+            buf.query_start_loc.np[i + 1] = off + n
+            if end >= num_known:  # completed its known tokens: sample the token at position `end`
+                self._prepare_sample_row(num_sample, state, off + n - 1, end)
+                sample_req_ids.append(state.req_id)
+                num_sample += 1
+            state.num_computed_tokens = end
+            max_query_len, max_seq_len = max(max_query_len, n), max(max_seq_len, end)
+            off += n
+        temps = buf.temperature.np[:num_sample]
+        cutting = (buf.top_k.np[:num_sample] > 0) | (buf.top_p.np[:num_sample] < 1.0)
+        return _Step(len(scheduled), num_tokens, num_sample, sample_req_ids, max_query_len,
+                     max_seq_len, all_greedy=bool((temps == 0).all()),
+                     need_top_k_top_p=bool((cutting & (temps > 0)).any()))
+
+    def _prepare_sample_row(self, j: int, state: RequestState, token_index: int, position: int) -> None:
+        buf, batch, row = self.buffers, self.batch, state.row
+        buf.logits_indices.np[j] = token_index
+        buf.sample_rows.np[j] = row
+        buf.temperature.np[j], buf.top_k.np[j], buf.top_p.np[j] = batch.temperature[row], batch.top_k[row], batch.top_p[row]
+        buf.seeds.np[j] = batch.seed[row]
+        buf.sample_positions.np[j] = position
+
+    def _copy_inputs(self, step: _Step, graph_size: int) -> AttentionMetadata:
+        """Copies the first rows of every buffer to the device (padding to graph_size if set)."""
+        buf = self.buffers
+        t = b = step.num_tokens if not graph_size else graph_size
+        if graph_size:
+            buf.pad(step.num_reqs, step.num_tokens, graph_size)
+        else:
+            b = step.num_reqs
+        for twin in (buf.input_ids, buf.use_last, buf.src_rows, buf.positions):
+            twin.copy_to_device(t)
+        n = step.num_sample
+        for twin in (buf.logits_indices, buf.sample_rows, buf.temperature, buf.top_k, buf.top_p,
+                     buf.seeds, buf.sample_positions):
+            twin.copy_to_device(n)
+        return AttentionMetadata(
+            slot_mapping=buf.slot_mapping.copy_to_device(t), block_tables=buf.block_tables.copy_to_device(b),
+            seq_lens=buf.seq_lens.copy_to_device(b), query_start_loc=buf.query_start_loc.copy_to_device(b + 1),
+            max_query_len=step.max_query_len, max_seq_len=step.max_seq_len, is_decode=step.is_decode,
+            logits_indices=buf.logits_indices.gpu[:n])
+
+    def input_tokens(self, num_tokens: int) -> torch.Tensor:
+        """[T] int64 device: known tokens, or the request's last sampled token where use_last."""
+        buf = self.buffers
+        last = self.batch.last_sampled_gpu[buf.src_rows.gpu[:num_tokens]]
+        return torch.where(buf.use_last.gpu[:num_tokens], last, buf.input_ids.gpu[:num_tokens])
+
+    def _forward(self, step: _Step, attn: AttentionMetadata, graph_size: int) -> torch.Tensor:
+        if graph_size:
+            logits = self.graphs.replay(graph_size)  # [graph_size, V]
+            return logits[attn.logits_indices]
+        t = step.num_tokens
+        hidden = self.model(self.input_tokens(t), self.buffers.positions.gpu[:t], attn, self.kv_caches)
+        return self.model.compute_logits(hidden[attn.logits_indices])
+
+    def _sample(self, step: _Step, logits: torch.Tensor) -> list[int]:
+        """Samples [N] ids, stores them as the rows' last tokens on the device, returns them (the sync)."""
+        buf, n = self.buffers, step.num_sample
+        params = SamplingTensors(
+            temperature=buf.temperature.gpu[:n], top_k=buf.top_k.gpu[:n], top_p=buf.top_p.gpu[:n],
+            seeds=buf.seeds.gpu[:n], positions=buf.sample_positions.gpu[:n],
+            all_greedy=step.all_greedy, need_top_k_top_p=step.need_top_k_top_p)
+        sampled = sample(logits, params)  # [N] int64
+        self.batch.last_sampled_gpu[buf.sample_rows.gpu[:n]] = sampled
+        return sampled.tolist()
+
+
+class _Timer:
+    """Wall-clock marks on CPU; CUDA events on GPU (read after the step's one sync)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def elapsed_us(self) -> tuple[int, int]:
+        a, b, c = self.marks
+        if self.cuda:
+            c.synchronize()
+            return int(a.elapsed_time(b) * 1e3), int(b.elapsed_time(c) * 1e3)
+        return int((b - a) * 1e6), int((c - b) * 1e6)

@@ -1,0 +1,1 @@
+"""Model definitions. One file per family; Llama covers Llama, Mistral, Qwen2 and Qwen3."""

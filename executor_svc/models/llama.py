@@ -1,0 +1,153 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norm) over a paged KV cache.
+
+Called as model(input_ids [T], positions [T], attn, kv_caches) -> hidden [T, H]; then
+model.compute_logits(hidden [N, H]) -> [N, V] float32. All inputs are explicit arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from executor_svc import layers
+from executor_svc.attention import AttentionMetadata
+from executor_svc.layers import RMSNorm
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, num_kv_heads, head_dim]
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """The shape of a Llama-family model, read from a transformers config."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None  # None = default rope; else e.g. {"rope_type": "llama3", ...}
+    max_position_embeddings: int
+    qkv_bias: bool  # Qwen2
+    qk_norm: bool  # Qwen3: RMSNorm of each q/k head before rope
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf_config(cls, cfg) -> "ModelArgs":
+        model_type = cfg.model_type  # "llama", "mistral", "qwen2", "qwen3"
+        rope = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+        theta = rope.pop("rope_theta", None) or getattr(cfg, "rope_theta", None) or 10000.0
+        if rope.get("rope_type", rope.get("type", "default")) == "default":
+            rope = {}
+        num_heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
+        qkv_bias = bool(getattr(cfg, "attention_bias", False)) or model_type == "qwen2"
+        return cls(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers,
+            num_heads=num_heads, num_kv_heads=getattr(cfg, "num_key_value_heads", None) or num_heads,
+            head_dim=head_dim, rms_norm_eps=cfg.rms_norm_eps, rope_theta=float(theta),
+            rope_scaling=rope or None, max_position_embeddings=cfg.max_position_embeddings,
+            qkv_bias=qkv_bias, qk_norm=model_type == "qwen3",
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        )
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.q_size = args.num_heads * args.head_dim
+        self.kv_size = args.num_kv_heads * args.head_dim
+        self.scale = args.head_dim ** -0.5
+        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=False)
+        self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                kv_cache: KVCache, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)  # [T, nh, D]
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, nkv, D]
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
+        q, k = layers.rotary_embedding(positions, q.contiguous(), k.contiguous(), cos_sin_cache)
+        k_cache, v_cache = kv_cache
+        layers.write_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+        if attn.is_decode:
+            o = layers.paged_decode_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
+                                              self.scale)
+        else:
+            o = layers.paged_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
+                                       attn.query_start_loc, self.scale, attn.max_query_len,
+                                       attn.max_seq_len)
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(layers.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x, residual, positions, attn, kv_cache, cos_sin_cache):
+        """x: this layer's input delta [T, H]; residual: the running sum (None at layer 0)."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, attn, kv_cache, cos_sin_cache)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder stack + LM head. Parameter names follow transformers, with fused qkv/gate_up."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        cache = layers.rope_cos_sin_cache(args.head_dim, args.max_position_embeddings,
+                                          args.rope_theta, args.rope_scaling)
+        # [max_pos, D] float32; a plain attribute, so that model.to(dtype) leaves it in float32
+        self.cos_sin_cache = cache
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                kv_caches: list[KVCache]) -> torch.Tensor:
+        """input_ids, positions: [T] int64 -> hidden states [T, H] (final norm applied)."""
+        x, residual = self.embed_tokens(input_ids), None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x, residual = layer(x, residual, positions, attn, kv_cache, self.cos_sin_cache)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] -> logits [N, V] float32."""
+        return self.lm_head(hidden).float()
