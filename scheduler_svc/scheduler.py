@@ -11,10 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .detokenizer import detokenizer_factory as make_detokenizer_factory
 from .kv_cache_manager import KVCacheManager, cdiv
 from .request import FinishReason, Request, RequestStatus
 from .scheduler_output import CachedRequestData, NewRequestData, RequestOutput, SchedulerOutput
 from .stop import StopStringMatcher, length_reached, process_token
+from .tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -34,16 +36,20 @@ class Scheduler:
     """Plans steps (schedule) and applies their sampled tokens (update_from_output).
 
     The caller may run one step ahead: schedule() for step N+1 before update_from_output() of
-    step N. Every plan returned by schedule() must be applied, in step order, even an empty
-    one (update_from_output(plan, {})). A request's blocks return to the pool only once no
-    step in flight includes it.
+    step N. Every plan with rows must be applied, in step order; a plan without rows needs
+    no result (applying it anyway is a no-op). A request's blocks return to the pool only once
+    no step in flight includes it.
+
+    detokenizer_factory makes a request's incremental detokenizer (step(token_id) -> str); a
+    Tokenizer stands for detokenizer_factory(tokenizer); None means no text, only token ids.
     """
 
     def __init__(self, config: SchedulerCoreConfig,
-                 detokenizer_factory: Callable[[Request], Any] | None = None):
+                 detokenizer_factory: Callable[[Request], Any] | Tokenizer | None = None):
         self.config = config
         self.kv = KVCacheManager(config.num_blocks, config.block_size)
-        # Makes a request's incremental detokenizer (step(token_id) -> str); None = no text.
+        if isinstance(detokenizer_factory, Tokenizer):
+            detokenizer_factory = make_detokenizer_factory(detokenizer_factory)
         self.detokenizer_factory = detokenizer_factory
         # Live requests: not finished, or finished with steps still in flight.
         self.requests: dict[int, Request] = {}
@@ -124,7 +130,8 @@ class Scheduler:
         budget, can_admit = self._schedule_running(out, self.config.max_num_batched_tokens)
         if can_admit:
             self._schedule_waiting(out, budget)
-        self._inflight_step_ids.append(out.step_id)
+        if not out.is_empty():
+            self._inflight_step_ids.append(out.step_id)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> tuple[int, bool]:
@@ -216,7 +223,13 @@ class Scheduler:
     def update_from_output(self, output: SchedulerOutput,
                            sampled: dict[int, int]) -> list[RequestOutput]:
         """Applies a step's sampled tokens (req_id -> token id); returns what each request
-        produced. Tokens of requests finished or aborted meanwhile are discarded."""
+        produced. Tokens of requests finished or aborted meanwhile are discarded.
+
+        sampled must hold every row that reached the end of its tokens (a partial prefill
+        chunk samples nothing). If the executor failed the step, abort its requests.
+        """
+        if output.is_empty():
+            return []
         if not self._inflight_step_ids or self._inflight_step_ids[0] != output.step_id:
             raise RuntimeError(f"step {output.step_id} applied out of order; "
                                f"in flight: {list(self._inflight_step_ids)}")

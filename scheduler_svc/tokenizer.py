@@ -34,6 +34,11 @@ class Tokenizer:
         self.chat_template = _find_chat_template(folder, config)
         self._compiled_template: jinja2.Template | None = None
 
+    @classmethod
+    def from_pretrained(cls, folder: str | Path) -> Tokenizer:
+        """The name transformers uses; a local folder only (nothing is downloaded)."""
+        return cls(folder)
+
     @property
     def vocab_size(self) -> int:
         """Number of ids, added tokens included."""
