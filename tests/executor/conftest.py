@@ -1,0 +1,39 @@
+"""Tiny random models built once per session; HF reference models on the same folders."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from executor_svc.config import ExecutorConfig
+from executor_svc.model_runner import ModelRunner
+from executor_svc.random_model import build_random_model
+
+ARCHS = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("models")
+    return {name: build_random_model(base / name, name) for name in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def hf_models(model_dirs):
+    from transformers import AutoModelForCausalLM
+
+    return {name: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            for name, path in model_dirs.items()}
+
+
+def make_runner(path, **overrides) -> ModelRunner:
+    kw = dict(model=str(path), device="cpu", dtype="float32", max_num_seqs=8,
+              max_num_batched_tokens=256, num_kv_blocks=128, max_model_len=512)
+    kw.update(overrides)
+    return ModelRunner(ExecutorConfig(**kw))
+
+
+def hf_greedy(hf_model, prompt: list[int], num_tokens: int) -> list[int]:
+    out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=num_tokens, min_new_tokens=num_tokens,
+                            do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()

@@ -1,0 +1,72 @@
+"""Wire round trip, configuration from flags and environment, loader edge cases."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from executor_svc import wire
+from executor_svc.config import ExecutorConfig, default_cuda_graph_sizes
+from executor_svc.loader import eos_token_ids, load_hf_config, load_model
+from executor_svc.plan import CachedRequest, ExecutorInfo, NewRequest, SamplingParams, StepOutput, StepPlan
+from executor_svc.random_model import build_random_model
+
+
+def test_plan_round_trip():
+    plan = StepPlan(
+        step_id=9,
+        new_requests=[NewRequest(3, [1, 2, 3], SamplingParams(0.5, 10, 0.75, (1 << 63) + 5), [4, 5], 16, 2)],
+        cached_requests=[CachedRequest(1, [7], 1), CachedRequest(2, [], 1)],
+        finished_req_ids=[11], preempted_req_ids=[12, 13])
+    assert wire.plan_from_pb(wire.plan_to_pb(plan)) == plan
+
+
+def test_result_and_info_to_pb():
+    out = StepOutput(step_id=4, req_ids=[1, 2], token_ids=[10, 20], prepare_us=5, forward_us=6,
+                     sample_us=7, graph_size=8)
+    assert wire.result_from_pb(wire.result_to_pb(out)) == out
+    assert wire.error_to_pb(4, "boom").error == "boom"
+    info = ExecutorInfo("m", "/p", 512, (1, 2), 2048, 16, 100, (1, 2, 4), 8, 256, "cpu", "float32")
+    msg = wire.info_to_pb(info)
+    assert list(msg.eos_token_ids) == [1, 2] and msg.num_blocks == 100 and msg.model_path == "/p"
+
+
+def test_config_flags_env_fallback_and_defaults(monkeypatch):
+    monkeypatch.setenv("LLMSERVE_EXECUTOR_PORT", "6000")
+    monkeypatch.setenv("LLMSERVE_EXECUTOR_MAX_NUM_SEQS", "24")
+    monkeypatch.setenv("LLMSERVE_EXECUTOR_ENFORCE_EAGER", "1")
+    cfg = ExecutorConfig.from_args(["--device", "cpu", "--block-size", "32"])
+    assert (cfg.port, cfg.max_num_seqs, cfg.block_size, cfg.enforce_eager) == (6000, 24, 32, True)
+    assert cfg.dtype == "float32" and cfg.max_num_batched_tokens == 2048 and not cfg.use_cuda_graphs
+    assert ExecutorConfig.from_args(["--device", "cpu", "--port", "7000"]).port == 7000  # flag wins
+    with pytest.raises(Exception):
+        cfg.port = 1  # frozen
+    assert default_cuda_graph_sizes(32) == (1, 2, 4, 8, 16, 24, 32)
+    assert default_cuda_graph_sizes(20)[-1] == 20
+    cfg = ExecutorConfig.from_args(["--device", "cpu", "--max-num-seqs", "16", "--cuda-graph-sizes", "4,1,64"])
+    assert cfg.cuda_graph_sizes == (1, 4)
+
+
+def test_sharded_checkpoint_with_tied_embeddings(tmp_path, model_dirs):
+    sharded = build_random_model(tmp_path / "s", "tiny-llama", shard_bytes=40_000, tie_word_embeddings=True)
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1 and "lm_head.weight" not in index["weight_map"]
+    model = load_model(sharded, "cpu", torch.float32)
+    assert model.lm_head.weight is model.embed_tokens.weight
+    single = build_random_model(tmp_path / "one", "tiny-llama", tie_word_embeddings=True)
+    ref = load_model(single, "cpu", torch.float32)
+    for (name, a), (_, b) in zip(model.state_dict().items(), ref.state_dict().items()):
+        assert torch.equal(a, b), name  # same seed: same weights however they are stored
+
+
+def test_eos_ids_and_unsupported_type(tmp_path, model_dirs):
+    path = model_dirs["tiny-qwen2"]
+    assert eos_token_ids(path, load_hf_config(path)) == [1]
+    cfg = json.loads((path / "config.json").read_text())
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2", "n_embd": 64}))
+    with pytest.raises(ValueError, match="unsupported"):
+        load_model(bad, "cpu", torch.float32)
