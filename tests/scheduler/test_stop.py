@@ -1,0 +1,81 @@
+"""Stop rules and stop-string holdback."""
+
+from scheduler_svc.request import FinishReason, Request, SamplingParams
+from scheduler_svc.stop import StopStringMatcher, process_token
+from tests.scheduler.sched_driver import EOS, LetterDetokenizer
+
+
+def feed_all(matcher, pieces):
+    return [matcher.feed(p) for p in pieces]
+
+
+def test_possible_stop_prefix_is_held_then_released():
+    m = StopStringMatcher(("abc",))
+    assert feed_all(m, ["xa", "b", "d"]) == [("x", ""), ("", ""), ("abd", "")]
+    assert m.held_text == ""
+
+
+def test_text_is_cut_before_the_stop_string_across_pieces():
+    m = StopStringMatcher(("abc",))
+    assert feed_all(m, ["hello a", "b", "cdef"]) == [("hello ", ""), ("", ""), ("", "abc")]
+    m = StopStringMatcher(("END",))
+    assert m.feed("one END two") == ("one ", "END")
+
+
+def test_earliest_of_several_stop_strings_wins():
+    m = StopStringMatcher(("world", "lo"))
+    assert m.feed("hello world") == ("hel", "lo")
+    m = StopStringMatcher(("xyz", "yz!"))
+    assert feed_all(m, ["ax", "yz!"]) == [("a", ""), ("", "xyz")]
+
+
+def test_nothing_streamed_is_ever_a_stop_prefix():
+    stop = ("<|im_end|>", "\n\n")
+    m = StopStringMatcher(stop)
+    text = "line one\nline two <|im_e but not <|im_end"
+    streamed = ""
+    for ch in text:
+        out, matched = m.feed(ch)
+        assert not matched
+        streamed += out
+        assert not any(streamed.endswith(s[:n]) for s in stop for n in range(1, len(s)))
+    assert streamed + m.flush() == text
+
+
+def make(**params):
+    r = Request(0, [1, 2, 3], SamplingParams(**{"max_tokens": 5, **params}))
+    r.detokenizer = LetterDetokenizer()
+    r.stop_matcher = StopStringMatcher(r.params.stop)
+    return r
+
+
+def step(r, token_id, max_model_len=100):
+    r.output_token_ids.append(token_id)
+    return process_token(r, token_id, (EOS,), max_model_len)
+
+
+def test_eos_and_ignore_eos():
+    assert step(make(), EOS) == ("", FinishReason.EOS, "")
+    assert step(make(ignore_eos=True), EOS) == ("<eos>", None, "")
+
+
+def test_stop_token_keeps_token_not_text_and_flushes_held_text():
+    r = make(stop_token_ids=(7,), stop=("ab",))
+    assert step(r, 0) == ("", None, "")  # 'a' may start "ab"
+    assert step(r, 7) == ("a", FinishReason.STOP, "7")
+    assert r.output_token_ids == [0, 7]
+
+
+def test_max_tokens_and_context_length():
+    r = make(max_tokens=2)
+    assert step(r, 2) == ("c", None, "")
+    assert step(r, 3) == ("d", FinishReason.LENGTH, "")
+    r = make(stop=("ab",))
+    assert step(r, 0, max_model_len=5) == ("", None, "")
+    assert step(r, 0, max_model_len=5) == ("aa", FinishReason.LENGTH, "")  # held 'a' released
+
+
+def test_stop_string_beats_length_on_the_same_token():
+    r = make(max_tokens=2, stop=("ab",))
+    step(r, 0)
+    assert step(r, 1) == ("", FinishReason.STOP, "ab")

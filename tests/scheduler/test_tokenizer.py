@@ -1,0 +1,129 @@
+"""Tokenizer and detokenizer against transformers' AutoTokenizer on a generated model folder."""
+
+import shutil
+import json
+
+import jinja2
+import pytest
+
+from scheduler_svc.detokenizer import IncrementalDetokenizer
+from scheduler_svc.request import FinishReason
+from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.tokenizer import Tokenizer
+from tests.scheduler.sched_driver import make_config, req
+
+TEXTS = ["Hello, world!", "The quick brown fox", "Unicode: café, naïve, 日本語, emoji 🚀",
+         "  leading spaces\nand lines\n\n", "<|bos|> special in text <|eos|>", ""]
+CHATS = [
+    [{"role": "user", "content": "Hi é 🚀"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
+     {"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "日本語?"}],
+]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    from executor_svc.random_model import build_random_model  # imports torch: fine in tests
+
+    return build_random_model(tmp_path_factory.mktemp("model"), "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def tok(folder):
+    return Tokenizer(folder)
+
+
+@pytest.fixture(scope="module")
+def hf(folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+@pytest.mark.parametrize("add_special_tokens", [True, False])
+def test_encode_and_decode_match_transformers(tok, hf, add_special_tokens):
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=add_special_tokens)
+        assert ids == hf(text, add_special_tokens=add_special_tokens)["input_ids"], text
+        assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+    assert tok.encode("x")[0] == tok.bos_token_id == hf.bos_token_id  # BOS from the post-processor
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_chat_template_matches_transformers(tok, hf, add_generation_prompt):
+    for chat in CHATS:
+        text = tok.render_chat(chat, add_generation_prompt=add_generation_prompt)
+        assert text == hf.apply_chat_template(chat, add_generation_prompt=add_generation_prompt,
+                                              tokenize=False)
+        ids = tok.apply_chat_template(chat, add_generation_prompt=add_generation_prompt)
+        expected = hf.apply_chat_template(chat, add_generation_prompt=add_generation_prompt)
+        assert ids == list(getattr(expected, "input_ids", None) or expected["input_ids"])
+        assert ids.count(tok.bos_token_id) == 1  # the template's BOS only, none added twice
+
+
+def test_special_ids_and_vocab(tok, hf):
+    assert tok.eos_token_ids == (hf.eos_token_id,)
+    assert tok.vocab_size == len(hf) == 512
+    assert tok.id_to_token(tok.bos_token_id) == "<|bos|>" and tok.id_to_token(10**6) is None
+
+
+def test_template_runs_sandboxed_with_raise_exception(folder, tmp_path):
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(folder / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}"
+        "{{ eos_token }}{{ messages[0]['content'] | tojson }}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = Tokenizer.from_pretrained(tmp_path)
+    assert tok.render_chat([{"role": "user", "content": "é"}]) == '<|eos|>"é"'
+    with pytest.raises(jinja2.TemplateError, match="user first"):
+        tok.render_chat([{"role": "system", "content": "x"}])
+    config["chat_template"] = "{{ messages.__class__.__mro__ }}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        Tokenizer(tmp_path).render_chat([])
+
+
+def test_streamed_pieces_are_whole_characters(tok):
+    text = "Hi é 日本語 🚀 über café, naïve 🚀🚀"
+    ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_ids[0]]
+    detok = IncrementalDetokenizer(tok, tok.encode("Prompt: "))
+    pieces = [detok.step(i) for i in ids]
+    assert "".join(pieces) == tok.decode(ids) == text
+    assert not any("\ufffd" in p for p in pieces)
+    assert pieces.count("") >= 5  # multi-byte characters really were split across tokens
+    assert {"é", "日本語", "🚀"} <= set(pieces)
+
+
+def test_ids_without_a_token_produce_no_text(tok):
+    detok = IncrementalDetokenizer(tok, [])
+    ids = tok.encode("日本", add_special_tokens=False)
+    pieces = [detok.step(ids[0]), detok.step(10**6), *[detok.step(i) for i in ids[1:]]]
+    assert "".join(pieces) == "日本" and pieces[1] == ""
+
+
+def test_scheduler_streams_text_and_cuts_stop_strings(tok):
+    s = Scheduler(make_config(eos_token_ids=tok.eos_token_ids), tok)  # a Tokenizer as factory
+    s.add_request(req(0, tok.encode("Q:"), max_tokens=50, stop=("語 🚀",)))
+    s.add_request(req(1, tok.encode("Q:"), max_tokens=50))
+    answer = tok.encode("café 日本語 🚀 done", add_special_tokens=False) + [tok.eos_token_ids[0]]
+    texts, finals = {0: "", 1: ""}, {}
+    for token_id in answer:
+        plan = s.schedule()
+        for out in s.update_from_output(plan, {r: token_id for r in plan.scheduled_req_ids}):
+            assert "\ufffd" not in out.new_text
+            texts[out.req_id] += out.new_text
+            if out.finish_reason:
+                finals[out.req_id] = (out.finish_reason, out.matched_stop)
+    assert texts == {0: "café 日本", 1: "café 日本語 🚀 done"}
+    assert finals == {0: (FinishReason.STOP, "語 🚀"), 1: (FinishReason.EOS, "")}
+
+
+def test_tokenizer_does_not_import_transformers():
+    import subprocess
+    import sys
+
+    code = "import scheduler_svc.tokenizer, scheduler_svc.detokenizer, sys; " \
+           "assert 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
