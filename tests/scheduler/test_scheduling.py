@@ -24,7 +24,8 @@ def test_prefill_then_decode_with_block_deltas():
     assert [r.token_ids for r in plan.new_requests] == [[1, 2, 3, 4, 5], [6, 7, 8]]
     assert [r.num_computed_tokens for r in plan.new_requests] == [0, 0]
     outs = s.update_from_output(plan, {0: 10, 1: 11})
-    assert [(o.req_id, o.new_token_ids, o.new_text) for o in outs] == [(0, [10], "k"), (1, [11], "l")]
+    assert [(o.req_id, o.new_token_ids, o.new_text) for o in outs] == [
+        (0, [10], "k"), (1, [11], "l")]
     assert [o.num_prompt_tokens for o in outs] == [5, 3]
 
     plan = s.schedule()  # decode: one token each, slot 5 of req 0 and slot 3 of req 1

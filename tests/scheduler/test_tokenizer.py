@@ -1,7 +1,7 @@
 """Tokenizer and detokenizer against transformers' AutoTokenizer on a generated model folder."""
 
-import shutil
 import json
+import shutil
 
 import jinja2
 import pytest
@@ -107,7 +107,8 @@ def test_scheduler_streams_text_and_cuts_stop_strings(tok):
     s = Scheduler(make_config(eos_token_ids=tok.eos_token_ids), tok)  # a Tokenizer as factory
     s.add_request(req(0, tok.encode("Q:"), max_tokens=50, stop=("語 🚀",)))
     s.add_request(req(1, tok.encode("Q:"), max_tokens=50))
-    answer = tok.encode("café 日本語 🚀 done", add_special_tokens=False) + [tok.eos_token_ids[0]]
+    answer = tok.encode("café 日本語 🚀 done", add_special_tokens=False)
+    answer.append(tok.eos_token_ids[0])
     texts, finals = {0: "", 1: ""}, {}
     for token_id in answer:
         plan = s.schedule()
