@@ -53,16 +53,26 @@ def paged_decode_attention_torch(
     return out.reshape(b, num_heads, head_dim).to(q.dtype)
 
 
-def _paged_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, scale):
+def paged_decode_attention_fallback(q, k_cache, v_cache, block_tables, seq_lens, scale):
     if q.is_cuda:  # the loop reference syncs; this one can be captured
         return paged_decode_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return _ref.paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
+def write_kv_fallback(key, value, k_cache, v_cache, slot_mapping) -> None:
+    """write_kv without the reference's boolean indexing (a host sync) on CUDA: negative
+    slots (padded rows) write into slot 0 of the null block, which no request reads."""
+    if not key.is_cuda:
+        return _ref.write_kv_reference(key, value, k_cache, v_cache, slot_mapping)
+    slots = slot_mapping.long().clamp_min(0)
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
+
+
 # The kernels the model calls (see docs/contracts.md for their signatures).
-write_kv = _pick("write_kv", _ref.write_kv_reference)
+write_kv = _pick("write_kv", write_kv_fallback)
 paged_attention = _pick("paged_attention", _paged_attention_ref)
-paged_decode_attention = _pick("paged_decode_attention", _paged_decode_ref)
+paged_decode_attention = _pick("paged_decode_attention", paged_decode_attention_fallback)
 rms_norm = _pick("rms_norm", _ref.rms_norm_reference)
 silu_and_mul = _pick("silu_and_mul", _ref.silu_and_mul_reference)
 rotary_embedding = _pick("rotary_embedding", _ref.rotary_embedding_reference)

@@ -84,6 +84,7 @@ class ModelRunner:
             raise RuntimeError(f"no memory left for the KV cache (budget {budget} bytes)")
         return num_blocks
 
+    @torch.inference_mode()
     def _profile_run(self) -> int:
         """Runs the largest step (max_num_batched_tokens, as sequences of <= 512 tokens) over a
         scratch cache; returns the activation peak in bytes above the resident memory."""

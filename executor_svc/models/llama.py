@@ -76,7 +76,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(t, self.num_heads, self.head_dim)  # [T, nh, D]
         k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, nkv, D]
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim).contiguous()
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
