@@ -1,0 +1,112 @@
+"""Compute kernels: Triton on CUDA tensors, the plain-torch references (kernels/reference.py) otherwise.
+
+Triton is imported only when a CUDA tensor arrives, so `import kernels` works on a machine
+without triton. The references are the specification; docs/kernels.md describes each kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import reference
+
+__all__ = [
+    "write_kv",
+    "paged_attention",
+    "paged_decode_attention",
+    "rms_norm",
+    "silu_and_mul",
+    "rotary_embedding",
+]
+
+
+def write_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int; slot < 0 is skipped
+) -> None:
+    """Writes each token's key and value into its slot of the paged cache, in place."""
+    if key.is_cuda:
+        from kernels.cache import write_kv_triton
+
+        return write_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+    return reference.write_kv_reference(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, context length after this step (0 = padded row)
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    scale: float,
+    max_query_len: int,  # host upper bound of the per-request query lengths
+    max_seq_len: int,  # host upper bound of seq_lens (unused by the kernels; kept by contract)
+) -> torch.Tensor:
+    """Varlen causal attention over the paged cache: prefill, chunked prefill, decode, mixed."""
+    if q.is_cuda:
+        from kernels.attention_prefill import paged_attention_triton
+
+        return paged_attention_triton(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len
+        )
+    return reference.paged_attention_reference(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+    )
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [num_seqs, num_heads, head_dim], one token per row
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32 (0 = padded row, output zeros)
+    scale: float,
+) -> torch.Tensor:
+    """Decode attention, one query token per row; CUDA-graph capturable on the Triton path."""
+    if q.is_cuda:
+        from kernels.attention_decode import paged_decode_attention_triton
+
+        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    return reference.paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def rms_norm(
+    x: torch.Tensor,  # [num_tokens, hidden]
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+    residual: torch.Tensor | None = None,  # [num_tokens, hidden]
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm; with residual, fused h = x + residual first and returns (norm(h) * weight, h)."""
+    if x.is_cuda:
+        from kernels.norm import rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps, residual)
+    return reference.rms_norm_reference(x, weight, eps, residual)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [num_tokens, 2 * inter] -> silu(x[:, :inter]) * x[:, inter:], [num_tokens, inter]."""
+    if x.is_cuda:
+        from kernels.activation import silu_and_mul_triton
+
+        return silu_and_mul_triton(x)
+    return reference.silu_and_mul_reference(x)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,  # [num_tokens] int
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    cos_sin_cache: torch.Tensor,  # [max_position, head_dim]: cos | sin halves
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary embedding applied IN PLACE to q and k (views are fine); returns (q, k)."""
+    if q.is_cuda:
+        from kernels.rotary import rotary_embedding_triton
+
+        return rotary_embedding_triton(positions, q, k, cos_sin_cache, is_neox)
+    return reference.rotary_embedding_reference(positions, q, k, cos_sin_cache, is_neox)

@@ -91,3 +91,61 @@ def paged_decode_attention_reference(
     """Decode attention: paged_attention_reference with one query token per request."""
     query_start_loc = torch.arange(q.shape[0] + 1, device=q.device)
     return paged_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+
+
+def rms_norm_reference(
+    x: torch.Tensor,  # [num_tokens, hidden]
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+    residual: torch.Tensor | None = None,  # [num_tokens, hidden]
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm, optionally fused with the residual add that precedes it.
+
+    Without residual: returns rmsnorm(x) * weight. With residual: h = x + residual, rounded to
+    x's dtype (what an unfused model would hold in memory), and returns (rmsnorm(h) * weight, h),
+    h being the next residual. Math in float32, outputs in x's dtype; inputs are not modified.
+    """
+    if residual is not None:
+        h = (x.float() + residual.float()).to(x.dtype)
+    else:
+        h = x
+    hf = h.float()
+    inv_rms = torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    out = (hf * inv_rms * weight.float()).to(x.dtype)
+    return out if residual is None else (out, h)
+
+
+def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU gate: x [num_tokens, 2 * inter] -> silu(x[:, :inter]) * x[:, inter:], [num_tokens, inter]."""
+    inter = x.shape[-1] // 2
+    xf = x.float()
+    return (torch.nn.functional.silu(xf[..., :inter]) * xf[..., inter:]).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
+    # x: [T, H, D] float32; cos, sin: [T, 1, D/2]
+    half = x.shape[-1] // 2
+    if is_neox:  # halves: (x[:half], x[half:]) are the pairs
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # GPT-J style: interleaved pairs
+    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+
+
+def rotary_embedding_reference(
+    positions: torch.Tensor,  # [num_tokens] int
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    cos_sin_cache: torch.Tensor,  # [max_position, head_dim]: cos in the first half, sin in the second
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding over the full head dim, applied IN PLACE to q and k.
+
+    Returns (q, k), the same tensors, for convenience. Math in float32.
+    """
+    half = q.shape[-1] // 2
+    cs = cos_sin_cache[positions.long()].float()  # [T, D]
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    q.copy_(_rotate(q.float(), cos, sin, is_neox).to(q.dtype))
+    k.copy_(_rotate(k.float(), cos, sin, is_neox).to(k.dtype))
+    return q, k

@@ -1,0 +1,185 @@
+"""Paged decode attention (one query token per request), split-K "flash decoding" in Triton.
+
+Grid (num_seqs, num_kv_heads, num_splits). A program takes ALL query heads of one KV head group
+(GQA: each K/V tile is read once per group, the group padded to 16 rows for tl.dot) and one
+slice of the context: the seq_len tokens, loaded in-kernel, are cut into num_splits runs of
+whole BLOCK_N tiles, so only the valid part of the cache is read. With one split the program
+normalises and writes the output; otherwise it writes (acc, max, sum) partials that
+_decode_reduce_kernel merges. num_splits and the scratch sizes depend only on shapes, so a call
+is CUDA-graph capturable (no host sync, no data-dependent allocation).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import check_paged_kv, check_tensor
+
+LOG2E = 1.4426950408889634
+MAX_SPLITS = 64
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+    qk_scale,  # softmax scale * log2(e): scores live in the exp2 domain
+    stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_bt,
+    stride_os, stride_oh,
+    num_splits,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kv_head * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None], other=0.0)  # [GROUP_PAD, HEAD_DIM]
+
+    # This split's run of whole tiles: [start, end) of the context.
+    tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits)
+    start = split * tiles_per_split * BLOCK_N
+    end = tl.minimum(start + tiles_per_split * BLOCK_N, seq_len)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    bt_row = block_tables_ptr + seq * stride_bt
+    kv_head_off = kv_head * stride_kh
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        n_mask = pos < end
+        block_ids = tl.load(bt_row + pos // BLOCK_SIZE, mask=n_mask, other=0)
+        row_off = block_ids.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kv_head_off
+        kv_off = row_off[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
+        k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [GROUP_PAD, BLOCK_N]
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds a valid position
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if DIRECT:  # one split: normalise and write the output here
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # seq_len 0 -> zeros
+        o_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+    else:
+        # partials [num_seqs, num_heads, num_splits(, HEAD_DIM)], contiguous; empty splits
+        # write m = -inf, l = 0, acc = 0, which the reduce weighs as nothing.
+        row = (seq * (tl.num_programs(1) * GROUP) + heads) * num_splits + split  # [GROUP_PAD]
+        tl.store(part_m_ptr + row, m_i, mask=g_mask)
+        tl.store(part_l_ptr + row, l_i, mask=g_mask)
+        tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask[:, None])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+    stride_os, stride_oh, num_heads, num_splits,
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    """Merges the split partials of one (seq, head): out = sum(w * acc) / sum(w * l), w = 2^(m - max m)."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_mask = offs_s < num_splits
+    row = (seq * num_heads + head) * num_splits + offs_s
+    m = tl.load(part_m_ptr + row, mask=s_mask, other=float("-inf"))
+    l = tl.load(part_l_ptr + row, mask=s_mask, other=0.0)
+    acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None], other=0.0)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty (seq_len 0)
+    w = tl.exp2(m - m_max)  # 0 for empty splits
+    l_sum = tl.sum(w * l, 0)
+    out = tl.sum(w[:, None] * acc, 0) / tl.where(l_sum == 0.0, 1.0, l_sum)
+    tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # interpreter runs: pretend to be an H200
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, block_n: int, num_sms: int) -> int:
+    """Splits so that about 4 programs per SM run; from shapes only, never from seq_lens."""
+    base = max(num_seqs * num_kv_heads, 1)
+    splits = max(1, (4 * num_sms) // base)
+    return max(1, min(splits, MAX_SPLITS, triton.cdiv(max_context, block_n)))
+
+
+def paged_decode_attention_triton(
+    q: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+    num_splits: int | None = None,  # override (tests); default from shapes
+    out: torch.Tensor | None = None,  # [num_seqs, num_heads, head_dim]; allocated if None
+) -> torch.Tensor:
+    num_heads, num_kv_heads, head_dim, block_size = check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
+    num_seqs = q.shape[0]
+    if seq_lens.shape[0] != num_seqs:
+        raise ValueError(f"decode: q has {num_seqs} rows but seq_lens has {seq_lens.shape[0]}")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must match q {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if num_seqs == 0:
+        return out
+    group = num_heads // num_kv_heads
+    max_context = block_tables.shape[1] * block_size
+    # 32-token tiles keep registers low (~120 per thread, no spills on sm_90) for 4 programs per SM.
+    block_n = 32
+    if num_splits is None:
+        num_splits = decode_num_splits(num_seqs, num_kv_heads, max_context, block_n, _num_sms(q.device))
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    if num_splits > 1:
+        part_m = torch.empty(num_seqs, num_heads, num_splits, device=q.device, dtype=torch.float32)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
+    else:
+        part_m = part_l = part_acc = out  # unused
+    _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens,
+        out, part_acc, part_m, part_l,
+        scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        num_splits,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT=num_splits == 1,
+        num_warps=4 if head_dim <= 64 else 8, num_stages=3,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            out, part_acc, part_m, part_l,
+            out.stride(0), out.stride(1), num_heads, num_splits,
+            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits),
+            num_warps=1 if head_dim <= 64 else 2,
+        )
+    return out

@@ -1,0 +1,135 @@
+"""Varlen paged attention in Triton: prefill, chunked prefill, decode and mixed batches in one launch.
+
+Request i's q_len = query_start_loc[i+1] - query_start_loc[i] new tokens are the last q_len of
+its seq_len tokens, all already in the paged cache; new token j sits at position
+seq_len - q_len + j and attends causally to positions 0..that one.
+
+Grid (num_seqs, cdiv(max_query_len, BLOCK_Q), num_kv_heads), max_query_len a host int. A
+program takes BLOCK_Q query tokens times all GROUP query heads of one KV head, packed as the
+BLOCK_M = BLOCK_Q * GROUP_PAD rows of one tl.dot tile (row r = token r // GROUP_PAD, head
+r % GROUP_PAD), so each K/V tile is read once per group and a decode row still fills a tile.
+It walks the context in BLOCK_N tiles up to the last position its tokens can see.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import check_paged_kv, check_tensor
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _paged_prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
+    qk_scale,  # softmax scale * log2(e)
+    stride_qt, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_bt,
+    stride_ot, stride_oh,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    q_block = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if q_block * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    tok = q_block * BLOCK_Q + offs_m // GROUP_PAD  # token index within the request
+    g = offs_m % GROUP_PAD
+    heads = kv_head * GROUP + g
+    row_mask = (tok < q_len) & (g < GROUP)
+    q_rows = (q_start + tok).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=row_mask[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
+    # Causal limit of each row; rows past q_len see everything (finite, never stored).
+    q_pos = tl.where(tok < q_len, seq_len - q_len + tok, seq_len)
+
+    # The last token of this block sees positions < kv_end.
+    last_tok = tl.minimum((q_block + 1) * BLOCK_Q, q_len) - 1
+    kv_end = tl.minimum(seq_len - q_len + last_tok + 1, seq_len)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    bt_row = block_tables_ptr + seq * stride_bt
+    kv_head_off = kv_head * stride_kh
+    for n0 in range(0, kv_end, BLOCK_N):
+        pos = n0 + offs_n
+        n_mask = pos < kv_end
+        block_ids = tl.load(bt_row + pos // BLOCK_SIZE, mask=n_mask, other=0)
+        row_off = block_ids.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kv_head_off
+        kv_off = row_off[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
+        k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N]
+        visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        # Position 0 (first tile) is visible to every row, so m_i is finite from then on.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # seq_len 0 -> zeros
+    o_ptrs = out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+
+
+def paged_attention_triton(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    scale: float,
+    max_query_len: int,
+    out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; allocated (zeros) if None
+) -> torch.Tensor:
+    num_heads, num_kv_heads, head_dim, block_size = check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
+    check_tensor("query_start_loc", query_start_loc, 1, (torch.int32,))
+    num_seqs = seq_lens.shape[0]
+    if query_start_loc.shape[0] != num_seqs + 1:
+        raise ValueError(f"query_start_loc must have num_seqs + 1 = {num_seqs + 1} entries, "
+                         f"got {query_start_loc.shape[0]}")
+    if not isinstance(max_query_len, int) or max_query_len < 0:
+        raise ValueError(f"max_query_len must be a host int >= 0, got {max_query_len!r}")
+    if out is None:
+        # Tokens past query_start_loc[-1] belong to no request: zeros, as in the reference.
+        out = torch.zeros_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must match q {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if num_seqs == 0 or max_query_len == 0 or q.shape[0] == 0:
+        return out
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    block_m = max(64, group_pad) if max_query_len > 1 else max(16, group_pad)
+    block_q = block_m // group_pad
+    grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    _paged_prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=64,
+        num_warps=4 if head_dim <= 64 else 8, num_stages=2,  # no register spills on sm_90
+    )
+    return out

@@ -1,0 +1,137 @@
+"""The plain-torch references (the specification) against independent torch formulations. CPU only."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+from tests.kernels.kernel_cases import dense_attention, make_case, rel_err
+
+import kernels
+from kernels import reference as ref
+
+
+def _run_reference(case):
+    return ref.paged_attention_reference(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                         case.seq_lens, case.query_start_loc, case.scale)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (6, 1)])
+@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_paged_attention_reference_matches_dense(num_heads, num_kv_heads, block_size, seed):
+    rng = random.Random(seed)
+    # A mix: full prefill, chunked prefill over a cached prefix, decode rows, an empty request.
+    q_lens, seq_lens = [], []
+    for _ in range(6):
+        kind = rng.choice(["prefill", "chunk", "decode", "empty"])
+        seq_len = rng.randint(1, 90)
+        q_len = {"prefill": seq_len, "chunk": rng.randint(1, seq_len), "decode": 1, "empty": 0}[kind]
+        q_lens.append(q_len)
+        seq_lens.append(seq_len)
+    case = make_case(q_lens, seq_lens, num_heads, num_kv_heads, 32, block_size, torch.float32, "cpu", seed)
+    out = _run_reference(case)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, dense_attention(case)) < 1e-5
+
+
+def test_paged_attention_reference_bf16():
+    case = make_case([7, 1, 30], [20, 55, 30], 8, 2, 64, 16, torch.bfloat16, "cpu", seed=3)
+    out = _run_reference(case)
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, dense_attention(case)) < 1e-2
+
+
+def test_decode_reference_padded_rows_are_zero():
+    case = make_case([1, 1, 1, 1], [33, 0, 5, 0], 8, 2, 32, 16, torch.float32, "cpu", seed=4)
+    out = ref.paged_decode_attention_reference(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                               case.seq_lens, case.scale)
+    assert torch.all(out[1] == 0) and torch.all(out[3] == 0)
+    assert rel_err(out, dense_attention(case)) < 1e-5
+
+
+def test_dispatch_on_cpu_uses_reference():
+    case = make_case([3, 1], [9, 17], 4, 2, 16, 8, torch.float32, "cpu", seed=5)
+    out = kernels.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
+                                  case.query_start_loc, case.scale, case.max_query_len, case.max_seq_len)
+    assert torch.equal(out, _run_reference(case))
+    dec = make_case([1, 1], [9, 17], 4, 2, 16, 8, torch.float32, "cpu", seed=5)
+    out = kernels.paged_decode_attention(dec.q, dec.k_cache, dec.v_cache, dec.block_tables, dec.seq_lens,
+                                         dec.scale)
+    assert rel_err(out, dense_attention(dec)) < 1e-5
+
+
+def test_import_kernels_does_not_import_triton():
+    code = "import sys, kernels; assert 'triton' not in sys.modules, 'triton imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_write_kv_reference_skips_negative_slots():
+    num_blocks, block_size, heads, dim = 6, 4, 2, 8
+    poison = -777.0
+    k_cache = torch.full((num_blocks, block_size, heads, dim), poison)
+    v_cache = torch.full_like(k_cache, poison)
+    slot_mapping = torch.tensor([5, -1, 20, 0, -3, 13])
+    key, value = torch.randn(6, heads, dim), torch.randn(6, heads, dim)
+    kernels.write_kv(key, value, k_cache, v_cache, slot_mapping)
+    k_flat, v_flat = k_cache.view(-1, heads, dim), v_cache.view(-1, heads, dim)
+    written = set()
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0:
+            written.add(slot)
+            block, offset = divmod(slot, block_size)
+            assert torch.equal(k_cache[block, offset], key[t]) and torch.equal(v_flat[slot], value[t])
+    untouched = [s for s in range(num_blocks * block_size) if s not in written]
+    assert torch.all(k_flat[untouched] == poison) and torch.all(v_flat[untouched] == poison)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_reference(dtype):
+    x, r = torch.randn(5, 64).to(dtype), torch.randn(5, 64).to(dtype)
+    w, eps = torch.rand(64) + 0.5, 1e-6
+    norm = torch.nn.RMSNorm(64, eps=eps)
+    norm.weight.data.copy_(w)
+    expected = norm(x.float()).to(dtype)
+    assert rel_err(kernels.rms_norm(x, w, eps), expected) < 1e-5
+    out, new_residual = kernels.rms_norm(x, w, eps, residual=r)
+    h = x + r
+    assert torch.equal(new_residual, h)
+    assert rel_err(out, norm(h.float()).to(dtype)) < 1e-5
+    assert out.dtype == dtype and new_residual.dtype == dtype
+
+
+def test_silu_and_mul_reference():
+    x = torch.randn(7, 2 * 48)
+    gate, up = x.chunk(2, dim=-1)
+    expected = gate / (1 + torch.exp(-gate)) * up
+    assert torch.allclose(kernels.silu_and_mul(x), expected, atol=1e-6)
+
+
+def _rope_complex(x, positions, inv_freq, is_neox):
+    """Rotary as complex multiplication by e^(i pos f); x [T, H, D] float32."""
+    half = x.shape[-1] // 2
+    if is_neox:
+        z = torch.complex(x[..., :half], x[..., half:])
+    else:
+        z = torch.complex(x[..., 0::2], x[..., 1::2])
+    z = z * torch.polar(torch.ones(1), positions[:, None, None].float() * inv_freq)
+    if is_neox:
+        return torch.cat([z.real, z.imag], dim=-1)
+    return torch.stack([z.real, z.imag], dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rotary_embedding_reference(is_neox):
+    dim, max_pos = 32, 100
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    angles = torch.arange(max_pos).float()[:, None] * inv_freq
+    cos_sin_cache = torch.cat([angles.cos(), angles.sin()], dim=-1)  # [max_pos, dim]
+    positions = torch.tensor([0, 5, 99, 42])
+    q, k = torch.randn(4, 6, dim), torch.randn(4, 2, dim)
+    q_expected, k_expected = _rope_complex(q, positions, inv_freq, is_neox), _rope_complex(k, positions, inv_freq, is_neox)
+    q_out, k_out = kernels.rotary_embedding(positions, q, k, cos_sin_cache, is_neox)
+    assert q_out is q and k_out is k  # in place
+    assert torch.allclose(q, q_expected, atol=1e-5) and torch.allclose(k, k_expected, atol=1e-5)
