@@ -80,6 +80,8 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
             used_blocks=s.num_total_blocks - s.num_free_blocks,
             num_running=s.num_running, num_waiting=s.num_waiting,
             num_steps=self._engine.stats.num_steps,
+            executor_busy_us=self._engine.stats.forward_us + self._engine.stats.sample_us,
+            num_graph_steps=self._engine.stats.num_graph_steps,
         )
 
     async def _admit(self, request: pb.GenerateRequest, context) -> tuple[list[int], object]:

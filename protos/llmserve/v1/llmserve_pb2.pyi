@@ -141,17 +141,21 @@ class GetServerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerStatus(_message.Message):
-    __slots__ = ("total_blocks", "free_blocks", "used_blocks", "num_running", "num_waiting", "num_steps")
+    __slots__ = ("total_blocks", "free_blocks", "used_blocks", "num_running", "num_waiting", "num_steps", "executor_busy_us", "num_graph_steps")
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     USED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_BUSY_US_FIELD_NUMBER: _ClassVar[int]
+    NUM_GRAPH_STEPS_FIELD_NUMBER: _ClassVar[int]
     total_blocks: int
     free_blocks: int
     used_blocks: int
     num_running: int
     num_waiting: int
     num_steps: int
-    def __init__(self, total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., used_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_steps: _Optional[int] = ...) -> None: ...
+    executor_busy_us: int
+    num_graph_steps: int
+    def __init__(self, total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., used_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_steps: _Optional[int] = ..., executor_busy_us: _Optional[int] = ..., num_graph_steps: _Optional[int] = ...) -> None: ...
