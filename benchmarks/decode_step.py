@@ -1,0 +1,71 @@
+"""W4: one decode step in isolation (ModelRunner in-process), eager vs CUDA graph, vs the floor."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from executor_svc.model_runner import ModelRunner
+from executor_svc.plan import CachedRequest, NewRequest, SamplingParams, StepPlan
+
+HBM_BYTES_PER_S = 4.25e12  # device-to-device copy bandwidth measured on the H200
+
+
+def weight_bytes(runner: ModelRunner) -> int:
+    return sum(p.numel() * p.element_size() for p in runner.model.parameters())
+
+
+def kv_bytes_per_token(runner: ModelRunner) -> int:
+    k_cache, _ = runner.kv_caches[0]
+    per_layer = k_cache.shape[2] * k_cache.shape[3] * k_cache.element_size() * 2
+    return per_layer * len(runner.kv_caches)
+
+
+def _prefill(runner: ModelRunner, batch: int, context: int, first_id: int, step_id: int) -> int:
+    """Admits `batch` requests with `context - 1` prompt tokens each; returns the next step id."""
+    blocks_per_req = -(-(context + 64) // runner.block_size)
+    per_step = max(1, runner.config.max_num_batched_tokens // context)
+    for start in range(0, batch, per_step):
+        news = []
+        for i in range(start, min(batch, start + per_step)):
+            first_block = 1 + i * blocks_per_req
+            news.append(NewRequest(
+                req_id=first_id + i, token_ids=[(7 * i + j) % 1000 + 3 for j in range(context - 1)],
+                sampling=SamplingParams(temperature=0.0), block_ids=list(range(first_block, first_block + blocks_per_req)),
+                num_computed_tokens=0, num_scheduled_tokens=context - 1))
+        runner.execute(StepPlan(step_id=step_id, new_requests=news))
+        step_id += 1
+    return step_id
+
+
+def measure(runner: ModelRunner, batch: int, context: int = 512, steps: int = 30) -> dict:
+    """Median wall and device time of a decode step at `batch` rows, graph and eager."""
+    step_id = _prefill(runner, batch, context, 1, 1)
+    ids = list(range(1, batch + 1))
+    rows = {}
+    graphs = runner.graphs
+    for mode in ("graph", "eager"):
+        runner.graphs = graphs if mode == "graph" else None
+        walls, devs, sizes = [], [], set()
+        for s in range(steps):
+            plan = StepPlan(step_id=step_id, cached_requests=[CachedRequest(i, [], 1) for i in ids])
+            step_id += 1
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = runner.execute(plan)
+            end.record()
+            end.synchronize()
+            if s >= 3:
+                walls.append(start.elapsed_time(end))
+                devs.append((out.forward_us + out.sample_us) / 1e3)
+            sizes.add(out.graph_size)
+        rows[mode] = dict(step_ms=statistics.median(walls), device_ms=statistics.median(devs),
+                          graph_sizes=sorted(sizes))
+    runner.graphs = graphs
+    runner.execute(StepPlan(step_id=step_id, finished_req_ids=ids))
+    kv = batch * (context + steps) * kv_bytes_per_token(runner)
+    floor_ms = 1e3 * (weight_bytes(runner) + kv) / HBM_BYTES_PER_S
+    return dict(batch=batch, context=context, floor_ms=floor_ms, **{
+        f"{m}_{k}": v for m, r in rows.items() for k, v in r.items()})

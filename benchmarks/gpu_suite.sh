@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Every GPU test and benchmark, in one command, for one call on the GPU machine:
+#   bash benchmarks/gpu_suite.sh [sections]      (sections: w4,full,peers,w5; default all)
+# Missing wheels (grpcio-health-checking, grpcio-reflection) are installed from .whl/ if present.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/llmserve-out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import torch, triton, transformers, grpc, google.protobuf as pb; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'grpcio', grpc.__version__, 'protobuf', pb.__version__)"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  python3 -m pytest -q -p no:cacheprovider -m cuda tests/kernels tests/executor tests/integration 2>&1 | tee "$OUT/pytest.log" | tail -15
+fi
+python3 -m benchmarks.run_all --out "$OUT" --sections "${1:-w4,full,peers,w5}" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60

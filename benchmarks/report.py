@@ -1,0 +1,76 @@
+"""Prints the benchmark table from the JSON files run_all wrote."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _load(out_dir: Path, name: str) -> dict:
+    f = out_dir / f"{name}.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+def _fmt(x, unit="", digits=2) -> str:
+    if isinstance(x, (int, float)):
+        return f"{x:,.{digits}f}{unit}"
+    return str(x) if x is not None else "-"
+
+
+def rows(out_dir: Path) -> list[tuple[str, str, str]]:
+    """(what, figure, comparison) rows."""
+    w4, full, peers, w5 = (_load(out_dir, n) for n in ("w4", "full", "peers", "w5"))
+    r: list[tuple[str, str, str]] = []
+    floor1 = w4.get("w4", [{}])[0].get("floor_ms") if w4.get("w4") else None
+    s = w4.get("startup")
+    if s:
+        r.append(("start-up: graph capture", _fmt(s["capture_s"], " s", 1),
+                  f"pool {_fmt(s['graph_pool_mib'], ' MiB', 0)}, {len(s['sizes'])} sizes (target <=10 s, <=512 MiB)"))
+    for row in w4.get("w4", []):
+        g, e, f = row["graph_step_ms"], row["eager_step_ms"], row["floor_ms"]
+        r.append((f"W4 decode step b={row['batch']} ctx={row['context']}",
+                  f"graph {_fmt(g, ' ms', 3)} (dev {_fmt(row['graph_device_ms'], '', 3)})",
+                  f"{g / f:.2f}x floor {f:.3f} ms; eager {e:.3f} ms = {e / g:.1f}x graph"))
+    hf = peers.get("w1", {})
+    for key, label in (("overlap_on", "on"), ("overlap_off", "off")):
+        w1 = full.get(key, {}).get("w1")
+        if w1:
+            cmp = f"{w1['tpot_ms'] / floor1:.2f}x floor" if floor1 else ""
+            if hf:
+                cmp += f"; HF eager {hf['hf_eager']:.2f}, static {hf['hf_static']:.2f} ms"
+            r.append((f"W1 TPOT full system, overlap {label}", _fmt(w1["tpot_ms"], " ms", 3), cmp + " (target 0.70)"))
+    for key in ("inproc_w1_overlap1", "inproc_w1_overlap0"):
+        if key in w4:
+            r.append((f"W1 TPOT in-process, overlap {key[-1]}", _fmt(w4[key]["tpot_ms"], " ms", 3), ""))
+    cb = peers.get("w3_cb_default"), peers.get("w3_cb_cuda_graph")
+    w3 = full.get("overlap_on", {}).get("w3")
+    if w3:
+        best = max((x for x in cb if isinstance(x, (int, float))), default=None)
+        ratio = f"{w3['tok_s'] / best:.1f}x best HF CB" if best else ""
+        r.append(("W3 tok/s full system", _fmt(w3["tok_s"], "", 0),
+                  f"{ratio}; HF CB {_fmt(cb[0], '', 0)} / graphs {_fmt(cb[1], '', 0)} (target 10x)"))
+    inproc = w4.get("inproc_w2_overlap1", {}).get("tok_s")
+    for key, label in (("overlap_on", "on"), ("overlap_off", "off")):
+        w2 = full.get(key, {}).get("w2")
+        if w2:
+            cmp = f"{w2['tok_s'] / inproc:.0%} of in-process" if inproc else ""
+            r.append((f"W2 tok/s full system, overlap {label}", _fmt(w2["tok_s"], "", 0),
+                      f"{cmp}; GPU busy {w2['busy']:.0%} (targets 40k, 95%, 95%)"))
+    for key in ("inproc_w2_overlap1", "inproc_w2_overlap0"):
+        if key in w4:
+            r.append((f"W2 tok/s in-process, overlap {key[-1]}", _fmt(w4[key]["tok_s"], "", 0),
+                      f"GPU busy {w4[key]['busy']:.0%}"))
+    for total, target in (("128", 26), ("512", 35), ("2048", 45)):
+        row = w5.get(f"total{total}")
+        if row:
+            r.append((f"W5 llama2-7b {total} tokens/request", f"{row['graph']:.1f} req/s graph",
+                      f"eager {row['eager']:.1f} req/s: {row['gain']:+.0%} (target +{target}%)"))
+    return r
+
+
+def print_table(out_dir: Path) -> None:
+    table = rows(out_dir)
+    w = [max(len(x[i]) for x in table) if table else 0 for i in range(3)]
+    print()
+    for a, b, c in table:
+        print(f"{a:<{w[0]}} | {b:<{w[1]}} | {c}")

@@ -1,0 +1,163 @@
+"""The GPU benchmark suite: W1-W5 of shared/design/benchmarks.md, peers in the same run, one table.
+
+    python -m benchmarks.run_all --out DIR [--sections w4,full,peers,w5]
+
+Each section runs in its own process (so each gets the whole GPU) and writes DIR/<section>.json;
+the last thing printed is the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODELS = Path("/tmp/llmserve-bench")
+SECTIONS = ("w4", "full", "peers", "w5")
+
+
+def model_path(shape: str) -> Path:
+    """Builds (once) a random bf16 model folder of a benchmarks.md shape."""
+    import torch
+
+    from executor_svc.random_model import build_random_model
+
+    folder = MODELS / shape
+    if not (folder / "config.json").exists():
+        t = time.perf_counter()
+        build_random_model(folder, shape, dtype=torch.bfloat16, device="cuda",
+                           max_position_embeddings=4096)
+        print(f"built {shape} in {time.perf_counter() - t:.1f} s", flush=True)
+    return folder
+
+
+def runner_for(shape: str, **overrides):
+    from executor_svc.config import ExecutorConfig
+    from executor_svc.model_runner import ModelRunner
+
+    config = ExecutorConfig.from_args(["--model", str(model_path(shape)), "--device", "cuda"])
+    config = type(config)(**{**config.__dict__, **overrides})
+    t = time.perf_counter()
+    runner = ModelRunner(config)
+    return runner, time.perf_counter() - t
+
+
+def section_w4(out: dict) -> None:
+    """W4 decode steps, start-up figures, and W1/W2 with the executor in-process (no gRPC)."""
+    from benchmarks import decode_step, inprocess, workloads
+
+    runner, startup_s = runner_for("llama-1b")
+    graphs = runner.graphs
+    out["startup"] = dict(total_s=startup_s, capture_s=getattr(graphs, "capture_s", None),
+                          graph_pool_mib=getattr(graphs, "pool_bytes", 0) / 2**20,
+                          num_blocks=runner.num_blocks, sizes=list(graphs.sizes))
+    out["w4"] = [decode_step.measure(runner, b) for b in (1, 8, 32, 64, 128, 256)]
+    for overlap in (True, False):
+        tokens, wall, busy = inprocess.run_workload(runner, workloads.w1(), overlap=overlap)
+        out[f"inproc_w1_overlap{int(overlap)}"] = dict(tpot_ms=1e3 * wall / tokens, busy=busy)
+        tokens, wall, busy = inprocess.run_workload(runner, workloads.w2(), temperature=0.6, overlap=overlap)
+        out[f"inproc_w2_overlap{int(overlap)}"] = dict(tokens=tokens, wall_s=wall, tok_s=tokens / wall, busy=busy)
+
+
+def _full_system_run(model: Path, log_dir: Path, scheduler_args: list[str], workloads_: dict) -> dict:
+    from benchmarks.client import load
+    from benchmarks.cluster import Cluster
+
+    cluster = Cluster(model, log_dir, ["--device", "cuda"], scheduler_args, timeout=600)
+    results = {}
+    try:
+        load(cluster.address, [([1, 2, 3], 8)] * 4)  # warm-up
+        for name, (workload, temperature) in workloads_.items():
+            before, t = cluster.status(), time.perf_counter()
+            r = load(cluster.address, workload, temperature)
+            after, wall = cluster.status(), time.perf_counter() - t
+            busy = (after.executor_busy_us - before.executor_busy_us) / 1e6 / wall
+            results[name] = dict(tokens=r.output_tokens, wall_s=r.wall_s, tok_s=r.tokens_per_s,
+                                 tpot_ms=r.tpot_ms_median, ttft_ms=r.ttft_ms_median, busy=busy,
+                                 steps=after.num_steps - before.num_steps,
+                                 graph_steps=after.num_graph_steps - before.num_graph_steps)
+    finally:
+        cluster.stop()
+    return results
+
+
+def section_full(out: dict, log_dir: Path) -> None:
+    """W1, W2, W3 through both services, overlap on; W1, W2 again with overlap off."""
+    from benchmarks import workloads
+
+    model = model_path("llama-1b")
+    on = {"w1": (workloads.w1(), 0.0), "w3": (workloads.w3(), 0.0), "w2": (workloads.w2(), 0.6)}
+    out["overlap_on"] = _full_system_run(model, log_dir / "on", [], on)
+    off = {"w1": (workloads.w1(), 0.0), "w2": (workloads.w2(), 0.6)}
+    out["overlap_off"] = _full_system_run(model, log_dir / "off", ["--no-overlap"], off)
+
+
+def section_peers(out: dict) -> None:
+    """transformers generate() at batch 1 (W1) and continuous batching (W3)."""
+    from benchmarks import peers_hf, workloads
+
+    model = model_path("llama-1b")
+    out["w1"] = peers_hf.w1_generate(model, workloads.w1())
+    for name, graphs in (("cb_default", None), ("cb_cuda_graph", True)):
+        try:
+            out[f"w3_{name}"] = peers_hf.continuous_batching(model, workloads.w3(), graphs)
+        except Exception as e:  # a peer failing is a figure we report, not a crash of the suite
+            out[f"w3_{name}"] = f"failed: {type(e).__name__}: {e}"[:300]
+
+
+def section_w5(out: dict) -> None:
+    """W5: llama2-7b, requests/s with graphs vs eager, short / medium / long requests."""
+    from benchmarks import inprocess, workloads
+
+    runner, _ = runner_for("llama2-7b")
+    graphs = runner.graphs
+    for total, n in ((128, 256), (512, 256), (2048, 128)):
+        row = {}
+        for mode in ("graph", "eager"):
+            runner.graphs = graphs if mode == "graph" else None
+            tokens, wall, _ = inprocess.run_workload(runner, workloads.w5(total, n))
+            row[mode] = n / wall
+        row["gain"] = row["graph"] / row["eager"] - 1
+        out[f"total{total}"] = row
+    runner.graphs = graphs
+
+
+def run_section(name: str, out_dir: Path) -> None:
+    out: dict = {}
+    t = time.perf_counter()
+    try:
+        if name == "full":
+            section_full(out, out_dir)
+        else:
+            globals()[f"section_{name}"](out)
+    finally:
+        out["seconds"] = time.perf_counter() - t
+        (out_dir / f"{name}.json").write_text(json.dumps(out, indent=1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--sections", default=",".join(SECTIONS))
+    p.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section here
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.section:
+        run_section(args.section, args.out)
+        return
+    for name in args.sections.split(","):
+        print(f"=== section {name}", flush=True)
+        code = subprocess.call([sys.executable, "-m", "benchmarks.run_all", "--out", str(args.out),
+                                "--section", name])
+        if code:
+            print(f"section {name} failed with exit code {code}", flush=True)
+    from benchmarks.report import print_table
+
+    print_table(args.out)
+
+
+if __name__ == "__main__":
+    main()
