@@ -88,9 +88,10 @@ class GraphRunner:
                 self.logits[size] = self._run(size, attn)
             self.graphs[size] = graph
         torch.cuda.synchronize()
-        used = free_before - torch.cuda.mem_get_info()[0]
+        self.capture_s = time.perf_counter() - t0
+        self.pool_bytes = free_before - torch.cuda.mem_get_info()[0]
         log.info("captured %d CUDA graphs (sizes %s) in %.1f s, graph pool %.0f MiB",
-                 len(self.sizes), self.sizes, time.perf_counter() - t0, used / (1 << 20))
+                 len(self.sizes), self.sizes, self.capture_s, self.pool_bytes / (1 << 20))
 
 
 def _progress(sizes: list[int]):
