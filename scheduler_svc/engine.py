@@ -79,7 +79,7 @@ class Engine:
         finished = False
         try:
             while not finished:
-                item = await queue.get()
+                item = _merge_ready(await queue.get(), queue)
                 if isinstance(item, EngineError):
                     finished = True
                     raise item
@@ -165,3 +165,16 @@ class Engine:
 
 def _has_content(out: SchedulerOutput) -> bool:
     return bool(out.new_requests or out.cached_requests or out.finished_req_ids or out.preempted_req_ids)
+
+
+def _merge_ready(item, queue: asyncio.Queue):
+    """Folds outputs already queued behind `item` into one: when the stream falls behind the
+    steps, the client gets fewer, larger messages instead of a growing backlog."""
+    while not isinstance(item, EngineError) and item.finish_reason is None and not queue.empty():
+        nxt = queue.get_nowait()
+        if isinstance(nxt, EngineError):
+            return nxt
+        nxt.new_token_ids = item.new_token_ids + nxt.new_token_ids
+        nxt.new_text = item.new_text + nxt.new_text
+        item = nxt
+    return item
