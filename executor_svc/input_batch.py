@@ -22,14 +22,25 @@ class RequestState:
 
 
 class Twin:
-    """A host buffer and its device twin (the same tensor on CPU). Host side pinned on CUDA."""
+    """A host buffer and its device twin (the same tensor on CPU). Host side pinned on CUDA.
+
+    On CUDA the host side is double-buffered: `use_host(i)` selects set i % 2, so the next
+    step can be prepared on the host while the previous step's non-blocking copies out of the
+    other set may still be pending. The device twin stays single (stream order protects it).
+    """
 
     def __init__(self, shape, dtype: torch.dtype, device: torch.device, fill=0):
         pin = device.type == "cuda"
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        self.cpu = torch.full(shape, fill, dtype=dtype, pin_memory=pin)
-        self.np = self.cpu.numpy()  # fast host writes
+        self.hosts = [torch.full(shape, fill, dtype=dtype, pin_memory=pin) for _ in range(2 if pin else 1)]
+        self.nps = [h.numpy() for h in self.hosts]  # fast host writes
+        self.cpu, self.np = self.hosts[0], self.nps[0]
         self.gpu = torch.full(shape, fill, dtype=dtype, device=device) if pin else self.cpu
+
+    def use_host(self, i: int) -> None:
+        """Selects host set i (mod the number of sets) as `.cpu` / `.np`."""
+        i %= len(self.hosts)
+        self.cpu, self.np = self.hosts[i], self.nps[i]
 
     def copy_to_device(self, n: int) -> torch.Tensor:
         """Copies the first n rows (non-blocking) and returns the device view of them."""
@@ -108,6 +119,14 @@ class StepBuffers:
         self.top_p = Twin(s, torch.float32, d, fill=1.0)  # [N]
         self.seeds = Twin(s, torch.int64, d)  # [N]
         self.sample_positions = Twin(s, torch.int64, d)  # [N] position of the sampled token
+
+    def twins(self) -> list[Twin]:
+        return [v for v in vars(self).values() if isinstance(v, Twin)]
+
+    def use_host(self, i: int) -> None:
+        """Selects host set i % 2 of every buffer (CUDA; a no-op on CPU, where one set is the device)."""
+        for twin in self.twins():
+            twin.use_host(i)
 
     def pad(self, num_reqs: int, num_tokens: int, size: int) -> None:
         """Makes rows num_reqs..size (and tokens num_tokens..size) harmless padded rows."""

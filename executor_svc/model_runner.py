@@ -1,10 +1,14 @@
-"""ModelRunner: runs one step plan on the device — update rows, prepare inputs, forward, sample."""
+"""ModelRunner: runs one step plan on the device — update rows, prepare inputs, forward, sample.
+
+A step is launched (enqueued on the device, no host sync) and finished later (wait for its
+event, read the sampled ids), so the next step can be launched while this one runs."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +42,22 @@ class _Step:
         return self.num_tokens == self.num_reqs
 
 
+@dataclass
+class StepHandle:
+    """A launched step: what finish() needs to turn it into its StepOutput."""
+
+    out: StepOutput  # step_id, prepare_us, graph_size set by launch(); the rest by finish()
+    states: list[RequestState] = field(default_factory=list)  # requests that sample, in order
+    sampled_host: torch.Tensor | None = None  # [N] int64 view of a pinned host buffer
+    timer: _Timer | None = None  # CUDA: its last event marks the step's completion
+    finished: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def step_id(self) -> int:
+        return self.out.step_id
+
+
 class ModelRunner:
     """Owns the model, the KV cache, the request rows and the static buffers of one device."""
 
@@ -59,6 +79,11 @@ class ModelRunner:
         self.batch = InputBatch(config.max_num_seqs, self.max_blocks_per_seq, self.device)
         self.buffers = StepBuffers(config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_blocks_per_seq, self.device)
+        # ids sampled by a step, copied here (pinned, one per step parity) and read in finish()
+        self._sampled_host = [torch.zeros(config.max_num_seqs, dtype=torch.int64,
+                                          pin_memory=self.device.type == "cuda") for _ in range(2)]
+        self._parity = 0  # host buffer set of the next launched step
+        self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
         self.num_blocks = self._measure_num_blocks()
         self.kv_caches = kv_cache.allocate_kv_caches(self.args, self.num_blocks, self.block_size,
                                                      self.dtype, self.device)
@@ -127,36 +152,80 @@ class ModelRunner:
             device=self.device.type, dtype=cfg.dtype)
 
     def reset(self) -> None:
-        """Forgets every request."""
+        """Finishes any launched step, then forgets every request."""
+        for handle in self._handles:
+            if handle is not None:
+                self.finish(handle)
+        self._handles = [None, None]
         self.batch.clear()
 
     # ---- one step -------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepOutput:
         """Runs one step plan; returns the sampled token of each request that completed its known tokens."""
+        return self.finish(self.launch(plan))
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> StepHandle:
+        """Enqueues one step on the device and returns without waiting for it.
+
+        Updates rows, prepares the inputs in host set (step parity), copies them non-blocking,
+        runs the forward (graph replay or eager), samples on the device, stores the ids as the
+        rows' last tokens, enqueues their copy into a pinned host buffer and records an event.
+        No host synchronisation, except when the step that last used this parity's buffers has
+        not been finished yet (more than two steps outstanding): then it is finished first.
+        Steps must be finished in launch order; finish() may run on another thread.
+        """
         t0 = time.perf_counter()
         scheduled = self._update_states(plan)
         out = StepOutput(step_id=plan.step_id)
         if not scheduled:
+            return StepHandle(out, finished=True)
+        parity = self._parity
+        self._parity ^= 1
+        prev = self._handles[parity]
+        if prev is not None:
+            self.finish(prev)  # normally done already: its buffers are free
+        try:
+            self.buffers.use_host(parity)
+            step = self._prepare(scheduled)
+            graph_size = self.graphs.size_for(step) if self.graphs else 0
+            attn = self._copy_inputs(step, graph_size)
+            timer = _Timer(self.device)
+            out.prepare_us = int((time.perf_counter() - t0) * 1e6)
+            out.graph_size = graph_size
+            timer.mark()
+            logits = self._forward(step, attn, graph_size)  # [N, V] float32
+            timer.mark()
+            sampled_host = self._sampled_host[parity][:step.num_sample]
+            if step.num_sample:
+                self._sample(step, logits, sampled_host)
+            timer.mark()  # after the copy of the ids: the step's completion event
+        except BaseException:
+            if self.device.type == "cuda":  # copies out of this host set may still be pending
+                torch.cuda.current_stream(self.device).synchronize()
+            raise
+        states = [self.batch.requests[r] for r in step.sample_req_ids]
+        handle = StepHandle(out, states, sampled_host, timer)
+        self._handles[parity] = handle
+        return handle
+
+    def finish(self, handle: StepHandle) -> StepOutput:
+        """Waits for a launched step, reads its sampled ids, appends them to the requests, fills
+        the timings. Idempotent; thread-safe against launch() of the next step."""
+        with handle.lock:
+            if handle.finished:
+                return handle.out
+            out, timer = handle.out, handle.timer
+            timer.wait()  # CUDA: event.synchronize() (releases the GIL)
+            out.forward_us, out.sample_us = timer.elapsed_us()
+            if handle.states:
+                out.token_ids = handle.sampled_host.tolist()
+                out.req_ids = [s.req_id for s in handle.states]
+                for state, token in zip(handle.states, out.token_ids):
+                    state.output_token_ids.append(token)
+            handle.finished = True
             return out
-        step = self._prepare(scheduled)
-        graph_size = self.graphs.size_for(step) if self.graphs else 0
-        attn = self._copy_inputs(step, graph_size)
-        timer = _Timer(self.device)
-        out.prepare_us = int((time.perf_counter() - t0) * 1e6)
-        timer.mark()
-        logits = self._forward(step, attn, graph_size)  # [N, V] float32
-        timer.mark()
-        if step.num_sample:
-            out.token_ids = self._sample(step, logits)
-            out.req_ids = step.sample_req_ids
-            for req_id, token in zip(out.req_ids, out.token_ids):
-                self.batch.requests[req_id].output_token_ids.append(token)
-        timer.mark()
-        out.forward_us, out.sample_us = timer.elapsed_us()
-        out.graph_size = graph_size
-        return out
 
     def _update_states(self, plan: StepPlan) -> list[tuple[RequestState, int]]:
         """Drops finished/preempted rows, adds new requests, applies block deltas.
@@ -263,20 +332,21 @@ class ModelRunner:
         hidden = self.model(self.input_tokens(t), self.buffers.positions.gpu[:t], attn, self.kv_caches)
         return self.model.compute_logits(hidden[attn.logits_indices])
 
-    def _sample(self, step: _Step, logits: torch.Tensor) -> list[int]:
-        """Samples [N] ids, stores them as the rows' last tokens on the device, returns them (the sync)."""
+    def _sample(self, step: _Step, logits: torch.Tensor, sampled_host: torch.Tensor) -> None:
+        """Samples [N] ids, stores them as the rows' last tokens on the device and enqueues
+        their copy into the (pinned) host buffer; finish() reads them after the event."""
         buf, n = self.buffers, step.num_sample
         params = SamplingTensors(
             temperature=buf.temperature.gpu[:n], top_k=buf.top_k.gpu[:n], top_p=buf.top_p.gpu[:n],
             seeds=buf.seeds.gpu[:n], positions=buf.sample_positions.gpu[:n],
             all_greedy=step.all_greedy, need_top_k_top_p=step.need_top_k_top_p)
         sampled = sample(logits, params)  # [N] int64
-        self.batch.last_sampled_gpu[buf.sample_rows.gpu[:n]] = sampled
-        return sampled.tolist()
+        self.batch.last_sampled_gpu.index_copy_(0, buf.sample_rows.gpu[:n], sampled)
+        sampled_host.copy_(sampled, non_blocking=True)
 
 
 class _Timer:
-    """Wall-clock marks on CPU; CUDA events on GPU (read after the step's one sync)."""
+    """Wall-clock marks on CPU; CUDA events on GPU (the last one is the step's completion event)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -290,9 +360,13 @@ class _Timer:
         else:
             self.marks.append(time.perf_counter())
 
+    def wait(self) -> None:
+        if self.cuda:
+            self.marks[-1].synchronize()
+
     def elapsed_us(self) -> tuple[int, int]:
+        """(forward, sample) in µs; on CUDA only after wait()."""
         a, b, c = self.marks
         if self.cuda:
-            c.synchronize()
             return int(a.elapsed_time(b) * 1e3), int(b.elapsed_time(c) * 1e3)
         return int((b - a) * 1e6), int((c - b) * 1e6)

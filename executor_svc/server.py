@@ -37,6 +37,7 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             pass
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-step")
+    waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-wait")
     t0 = time.perf_counter()
     runner = await loop.run_in_executor(worker, ModelRunner, config)  # the loop stays responsive
     info = runner.info()
@@ -45,7 +46,7 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
              list(info.cuda_graph_sizes) or "off (eager)")
 
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    executor_pb2_grpc.add_ExecutorServicer_to_server(ExecutorServicer(runner, worker), server)
+    executor_pb2_grpc.add_ExecutorServicer_to_server(ExecutorServicer(runner, worker, waiter), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     service = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
@@ -62,6 +63,7 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=5.0)
     worker.shutdown(wait=True)
+    waiter.shutdown(wait=True)
 
 
 def main(argv: list[str] | None = None) -> None:

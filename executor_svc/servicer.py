@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from executor_svc import wire
-from executor_svc.model_runner import ModelRunner
+from executor_svc.model_runner import ModelRunner, StepHandle
+from executor_svc.pipeline import StepPipeline
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
 
@@ -17,27 +17,32 @@ log = logging.getLogger(__name__)
 
 class ExecutorServicer(pb_grpc.ExecutorServicer):
     """Handshake / Execute / Reset over a ModelRunner. One worker thread owns the device, so
-    steps run strictly in order and the event loop stays free for I/O."""
+    steps launch strictly in order and the event loop stays free for I/O; a second thread
+    waits for launched steps to complete (see pipeline.py)."""
 
-    def __init__(self, runner: ModelRunner, worker: ThreadPoolExecutor):
+    def __init__(self, runner: ModelRunner, worker: ThreadPoolExecutor,
+                 waiter: ThreadPoolExecutor | None = None):
         self.runner = runner
-        self.worker = worker  # single thread
+        self.worker = worker  # single thread: launch, reset
+        self.waiter = waiter or ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-wait")
         self.info = wire.info_to_pb(runner.info())
 
     async def Handshake(self, request: pb.HandshakeRequest, context) -> pb.ExecutorInfo:
         return self.info
 
     async def Execute(self, request_iterator, context):
-        """One result per plan, in order; a plan that fails answers with its error, and the stream goes on."""
-        loop = asyncio.get_running_loop()
-        async for msg in request_iterator:
-            try:
-                plan = wire.plan_from_pb(msg)
-                out = await loop.run_in_executor(self.worker, self.runner.execute, plan)
-                yield wire.result_to_pb(out)
-            except Exception as exc:  # noqa: BLE001 - reported to the scheduler
-                log.error("step %d failed: %s", msg.step_id, traceback.format_exc())
-                yield wire.error_to_pb(msg.step_id, f"{type(exc).__name__}: {exc}")
+        """One result per plan, in order; step N+1 is launched while step N runs whenever plan
+        N+1 has arrived. A plan that fails answers with its error, and the stream goes on."""
+        pipeline = StepPipeline(self._launch, self.runner.finish, self.worker, self.waiter)
+        async for msg, result in pipeline.run(request_iterator):
+            if isinstance(result, BaseException):
+                log.error("step %d failed", msg.step_id, exc_info=result)
+                yield wire.error_to_pb(msg.step_id, f"{type(result).__name__}: {result}")
+            else:
+                yield wire.result_to_pb(result)
+
+    def _launch(self, msg: pb.StepPlan) -> StepHandle:
+        return self.runner.launch(wire.plan_from_pb(msg))
 
     async def Reset(self, request: pb.ResetRequest, context) -> pb.ResetResponse:
         await asyncio.get_running_loop().run_in_executor(self.worker, self.runner.reset)

@@ -98,6 +98,36 @@ def decode_logits_graph_and_eager(runner: ModelRunner, num_reqs: int) -> tuple[t
     return graph_logits, eager_logits, size
 
 
+def launch_without_sync(runner: ModelRunner, plan: StepPlan):
+    """runner.launch(plan) with CUDA sync debugging set to "error": any host sync raises."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return runner.launch(plan)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def time_decode_pipelined(runner: ModelRunner, num_reqs: int, graphs: bool, num_steps: int = 30) -> float:
+    """Mean wall time (µs) per decode step with two steps outstanding (launch N+1, finish N)."""
+    saved = runner.graphs
+    runner.graphs = saved if graphs else None
+    try:
+        d = Driver(runner, num_reqs, prompt_len=128, max_len=256)
+        d.decode(5)  # warm-up
+        plans = [StepPlan(1000 + i, [], [CachedRequest(r, [], 1) for r in d.req_ids]) for i in range(num_steps)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        pending = runner.launch(plans[0])
+        for plan in plans[1:]:
+            nxt = runner.launch(plan)
+            runner.finish(pending)
+            pending = nxt
+        runner.finish(pending)
+        return (time.perf_counter() - t0) * 1e6 / num_steps
+    finally:
+        runner.graphs = saved
+
+
 def time_decode(runner: ModelRunner, num_reqs: int, graphs: bool, num_steps: int = 30) -> float:
     """Median wall time (µs) of one decode step through execute()."""
     saved = runner.graphs
@@ -142,6 +172,9 @@ def main(argv: list[str]) -> None:
     for n in (1, 64):
         eager_us, graph_us = time_decode(runner, n, False), time_decode(runner, n, True)
         print(f"llama-1b decode step batch {n}: eager {eager_us:.0f} us, graph {graph_us:.0f} us")
+        eager_us, graph_us = time_decode_pipelined(runner, n, False), time_decode_pipelined(runner, n, True)
+        print(f"llama-1b decode step batch {n}, pipelined (2 outstanding): eager {eager_us:.0f} us, "
+              f"graph {graph_us:.0f} us")
 
 
 if __name__ == "__main__":

@@ -47,3 +47,39 @@ def test_llama_1b_shape_graph_logits_match_eager(tmp_path):
         assert got == size
         assert ((g - e).abs().max() / e.abs().max()).item() < 3e-2
         assert (g.argmax(-1) == e.argmax(-1)).float().mean().item() >= 0.9
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_launch_never_syncs_and_pipelined_tokens_equal_sequential(tiny_runner, graphs):
+    """launch() under torch.cuda.set_sync_debug_mode("error"): any host sync raises. Two steps
+    outstanding (launch N+1 before finish N) give the tokens of execute() one by one."""
+    from executor_svc.plan import CachedRequest, NewRequest, SamplingParams, StepPlan
+    from tests.executor.cuda_check import Driver, launch_without_sync
+
+    runner, saved = tiny_runner, tiny_runner.graphs
+    runner.graphs = saved if graphs else None
+    try:
+        sequential = Driver(runner, 3)
+        sequential.decode(6)
+        d = Driver(runner, 3)
+        d.decode(1)  # warm-up of this path
+        plans = [StepPlan(100 + i, [], [CachedRequest(r, [], 1) for r in d.req_ids]) for i in range(5)]
+        pending, outs = [], []
+        for plan in plans:
+            pending.append(launch_without_sync(runner, plan))
+            if len(pending) == 2:
+                outs.append(runner.finish(pending.pop(0)))
+        outs += [runner.finish(h) for h in pending]
+        for out in outs:
+            for r, t in out.sampled().items():
+                d.tokens[r].append(t)
+        assert d.tokens == sequential.tokens
+        assert all(o.graph_size == (4 if graphs else 0) and o.forward_us > 0 for o in outs)
+        # an eager prefill (varlen attention) and a sampled (temperature, top-k/p) request
+        params = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=3)
+        new = NewRequest(9, list(range(2, 50)), params, list(range(400, 404)), 0, 48)
+        out = runner.finish(launch_without_sync(runner, StepPlan(200, [new])))
+        assert out.req_ids == [9] and out.graph_size == 0
+    finally:
+        runner.graphs = saved
+        runner.reset()

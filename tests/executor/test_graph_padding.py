@@ -3,6 +3,8 @@ forward eagerly, so the padding and size choice are checked without a GPU."""
 
 from __future__ import annotations
 
+import pytest
+
 from executor_svc.cuda_graphs import GraphRunner
 from executor_svc.plan import CachedRequest, NewRequest, SamplingParams, StepPlan
 from tests.executor.conftest import hf_greedy, make_runner
@@ -18,7 +20,8 @@ class EagerGraphs(GraphRunner):
         return self._run(size, self._metadata(size))
 
 
-def test_padded_decode_replay_matches_transformers(model_dirs, hf_models):
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_padded_decode_replay_matches_transformers(model_dirs, hf_models, pipelined):
     runner = make_runner(model_dirs["tiny-qwen2"])
     runner.graphs = EagerGraphs(runner, (1, 2, 4, 8))
     greedy = SamplingParams()
@@ -26,11 +29,20 @@ def test_padded_decode_replay_matches_transformers(model_dirs, hf_models):
     out = runner.execute(StepPlan(1, new))
     assert out.graph_size == 0  # prefill runs eagerly
     got = {r: [t] for r, t in out.sampled().items()}
-    for step in range(2, 8):
-        req_ids = [1, 2, 3] if step < 5 else [2]  # 3 rows -> graph 4, then 1 row -> graph 1
-        out = runner.execute(StepPlan(step, [], [CachedRequest(r, [], 1) for r in req_ids]))
-        assert out.graph_size == (4 if step < 5 else 1)
+    pending = []  # launched, not finished: at most 2 when pipelined
+
+    def finish_oldest():
+        out = runner.finish(pending.pop(0))
+        assert out.graph_size == (4 if out.step_id < 5 else 1)
         for r, t in out.sampled().items():
             got[r].append(t)
+
+    for step in range(2, 8):
+        req_ids = [1, 2, 3] if step < 5 else [2]  # 3 rows -> graph 4, then 1 row -> graph 1
+        pending.append(runner.launch(StepPlan(step, [], [CachedRequest(r, [], 1) for r in req_ids])))
+        if len(pending) == (2 if pipelined else 1):
+            finish_oldest()
+    while pending:
+        finish_oldest()
     for r, prompt in PROMPTS.items():
         assert got[r] == hf_greedy(hf_models["tiny-qwen2"], prompt, len(got[r])), r
