@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 @pytest.fixture(scope="module")
 def tiny_runner(tmp_path_factory):
     from executor_svc.random_model import build_random_model
-    from tests.executor.cuda_check import cuda_runner
+    from tests.executor.cuda_helpers import cuda_runner
 
     path = build_random_model(tmp_path_factory.mktemp("m") / "tiny", "tiny-llama")
     return cuda_runner(path, dtype="float32", cuda_graph_sizes=(1, 2, 4, 8), num_kv_blocks=512)
@@ -19,14 +19,14 @@ def tiny_runner(tmp_path_factory):
 
 @pytest.mark.parametrize("num_reqs,graph_size", [(1, 1), (3, 4), (8, 8)])
 def test_graph_tokens_equal_eager(tiny_runner, num_reqs, graph_size):
-    from tests.executor.cuda_check import check_graph_tokens_equal_eager
+    from tests.executor.cuda_helpers import check_graph_tokens_equal_eager
 
     assert check_graph_tokens_equal_eager(tiny_runner, num_reqs) == graph_size
 
 
 def test_bf16_tiny_and_prefill_too_large_for_graphs_runs_eagerly(tmp_path):
     from executor_svc.random_model import build_random_model
-    from tests.executor.cuda_check import Driver, cuda_runner
+    from tests.executor.cuda_helpers import Driver, cuda_runner
 
     runner = cuda_runner(build_random_model(tmp_path / "q3", "tiny-qwen3", dtype=torch.bfloat16),
                          cuda_graph_sizes=(1, 2), num_kv_blocks=256)
@@ -37,7 +37,7 @@ def test_bf16_tiny_and_prefill_too_large_for_graphs_runs_eagerly(tmp_path):
 
 def test_llama_1b_shape_graph_logits_match_eager(tmp_path):
     from executor_svc.random_model import build_random_model
-    from tests.executor.cuda_check import cuda_runner, decode_logits_graph_and_eager
+    from tests.executor.cuda_helpers import cuda_runner, decode_logits_graph_and_eager
 
     path = build_random_model(tmp_path / "1b", "llama-1b", dtype=torch.bfloat16, device="cuda")
     runner = cuda_runner(path, cuda_graph_sizes=(1, 4, 64))
@@ -54,7 +54,7 @@ def test_launch_never_syncs_and_pipelined_tokens_equal_sequential(tiny_runner, g
     """launch() under torch.cuda.set_sync_debug_mode("error"): any host sync raises. Two steps
     outstanding (launch N+1 before finish N) give the tokens of execute() one by one."""
     from executor_svc.plan import CachedRequest, NewRequest, SamplingParams, StepPlan
-    from tests.executor.cuda_check import Driver, launch_without_sync
+    from tests.executor.cuda_helpers import Driver, launch_without_sync
 
     runner, saved = tiny_runner, tiny_runner.graphs
     runner.graphs = saved if graphs else None

@@ -1,0 +1,85 @@
+"""Helpers of the CUDA executor tests (test_cuda_runner.py): runners, a small plan driver, checks."""
+
+from __future__ import annotations
+
+
+import torch
+
+from executor_svc.config import ExecutorConfig
+from executor_svc.model_runner import ModelRunner
+from executor_svc.plan import CachedRequest, NewRequest, SamplingParams, StepPlan
+
+
+def cuda_runner(path, **kw) -> ModelRunner:
+    base = dict(model=str(path), device="cuda", dtype="bfloat16", max_num_seqs=64,
+                max_num_batched_tokens=2048, cuda_graph_sizes=(1, 2, 4, 8, 16, 32, 64))
+    return ModelRunner(ExecutorConfig(**{**base, **kw}))
+
+
+class Driver:
+    """Prefills num_reqs prompts of prompt_len tokens, then decodes them together."""
+
+    def __init__(self, runner: ModelRunner, num_reqs: int, prompt_len: int = 40, max_len: int = 256):
+        self.runner, self.step_id, self.req_ids = runner, 0, list(range(1, num_reqs + 1))
+        blocks_per = -(-max_len // runner.block_size)
+        runner.reset()
+        gen = torch.Generator().manual_seed(num_reqs)
+        news = [NewRequest(r, torch.randint(2, runner.args.vocab_size, (prompt_len,), generator=gen).tolist(),
+                           SamplingParams(), list(range(1 + i * blocks_per, 1 + (i + 1) * blocks_per)), 0, prompt_len)
+                for i, r in enumerate(self.req_ids)]
+        per_step = max(1, runner.config.max_num_batched_tokens // prompt_len)
+        self.tokens = {}
+        for i in range(0, num_reqs, per_step):  # prefill within the token budget
+            self.tokens.update({r: [t] for r, t in self.execute(StepPlan(0, news[i:i + per_step])).sampled().items()})
+
+    def execute(self, plan: StepPlan):
+        self.step_id += 1
+        plan.step_id = self.step_id
+        return self.runner.execute(plan)
+
+    def decode(self, num_steps: int) -> list[int]:
+        """Runs decode steps; returns the graph size of each."""
+        sizes = []
+        for _ in range(num_steps):
+            out = self.execute(StepPlan(0, [], [CachedRequest(r, [], 1) for r in self.req_ids]))
+            sizes.append(out.graph_size)
+            for r, t in out.sampled().items():
+                self.tokens[r].append(t)
+        return sizes
+
+
+def check_graph_tokens_equal_eager(runner: ModelRunner, num_reqs: int, num_steps: int = 6) -> int:
+    """Greedy tokens with graphs == without; returns the graph size used."""
+    graphs = runner.graphs
+    with_graph = Driver(runner, num_reqs)
+    sizes = with_graph.decode(num_steps)
+    runner.graphs = None
+    try:
+        eager = Driver(runner, num_reqs)
+        eager.decode(num_steps)
+    finally:
+        runner.graphs = graphs
+    assert with_graph.tokens == eager.tokens, (num_reqs, with_graph.tokens, eager.tokens)
+    assert len(set(sizes)) == 1 and sizes[0] >= num_reqs
+    return sizes[0]
+
+
+def decode_logits_graph_and_eager(runner: ModelRunner, num_reqs: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One decode step computed through its graph and eagerly on the same inputs -> [N, V] twice."""
+    d = Driver(runner, num_reqs)
+    plan = StepPlan(99, [], [CachedRequest(r, [], 1) for r in d.req_ids])
+    with torch.inference_mode():
+        step = runner._prepare(runner._update_states(plan))
+        size = runner.graphs.size_for(step)
+        graph_logits = runner._forward(step, runner._copy_inputs(step, size), size).clone()
+        eager_logits = runner._forward(step, runner._copy_inputs(step, 0), 0)
+    return graph_logits, eager_logits, size
+
+
+def launch_without_sync(runner: ModelRunner, plan: StepPlan):
+    """runner.launch(plan) with CUDA sync debugging set to "error": any host sync raises."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return runner.launch(plan)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
