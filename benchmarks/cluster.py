@@ -31,6 +31,7 @@ class Cluster:
                  timeout: float = 120):
         self.port, executor_port = free_port(), free_port()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        log_dir.mkdir(parents=True, exist_ok=True)
         self._logs = [open(log_dir / "executor.log", "w"), open(log_dir / "scheduler.log", "w")]
         self.procs = [
             subprocess.Popen(

@@ -2,7 +2,8 @@
 
 One graph per batch size, captured largest first into one shared memory pool. A graph reads
 the static step buffers (input ids, use-last mask, positions, slots, seq lens, block tables)
-and writes logits for all its rows; a step of n < size rows pads the rest (seq_len 0, slot -1,
+and writes the logits of all its rows into one output buffer shared by every graph (kept out
+of the graph pool: per-graph outputs of [size, vocab] would hold gigabytes); a step of n < size rows pads the rest (seq_len 0, slot -1,
 cleared block-table rows), and only the sampled rows' logits are read back. Sampling runs
 after the replay, eagerly (it branches on host flags).
 """
@@ -32,7 +33,7 @@ class GraphRunner:
         limit = min(runner.config.max_num_seqs, runner.config.max_num_batched_tokens)
         self.sizes = sorted({s for s in sizes if 0 < s <= limit})  # ascending
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}  # size -> [size, V] float32, graph output
+        self.logits = self._output_buffer()
         self.pool = torch.cuda.graph_pool_handle()
         self._capture_all()
 
@@ -45,11 +46,15 @@ class GraphRunner:
     def replay(self, size: int) -> torch.Tensor:
         """Replays the graph of `size` over the (already copied) static buffers -> [size, V]."""
         self.graphs[size].replay()
-        return self.logits[size]
+        return self.logits[:size]
 
     def destroy(self) -> None:
         self.graphs.clear()
-        self.logits.clear()
+
+    def _output_buffer(self) -> torch.Tensor:
+        """[largest size, V] in the model dtype: the logits output of every graph."""
+        weight = self.runner.model.lm_head.weight
+        return torch.empty(self.sizes[-1], weight.shape[0], dtype=weight.dtype, device=weight.device)
 
     def _metadata(self, size: int) -> AttentionMetadata:
         buf = self.runner.buffers  # views of the static device buffers: stable addresses
@@ -61,7 +66,7 @@ class GraphRunner:
     def _run(self, size: int, attn: AttentionMetadata) -> torch.Tensor:
         r = self.runner
         hidden = r.model(r.input_tokens(size), r.buffers.positions.gpu[:size], attn, r.kv_caches)
-        return r.model.compute_logits(hidden)  # [size, V]
+        return r.model.compute_logits(hidden, out=self.logits[:size])  # [size, V]
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -85,7 +90,7 @@ class GraphRunner:
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                self.logits[size] = self._run(size, attn)
+                self._run(size, attn)
             self.graphs[size] = graph
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - t0

@@ -326,8 +326,8 @@ class ModelRunner:
 
     def _forward(self, step: _Step, attn: AttentionMetadata, graph_size: int) -> torch.Tensor:
         if graph_size:
-            logits = self.graphs.replay(graph_size)  # [graph_size, V]
-            return logits[attn.logits_indices]
+            logits = self.graphs.replay(graph_size)  # [graph_size, V] model dtype
+            return logits[attn.logits_indices].float()
         t = step.num_tokens
         hidden = self.model(self.input_tokens(t), self.buffers.positions.gpu[:t], attn, self.kv_caches)
         return self.model.compute_logits(hidden[attn.logits_indices])

@@ -148,6 +148,9 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, H] -> logits [N, V] float32."""
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [N, H] -> logits [N, V] float32; with `out` ([N, V], model dtype), writes the
+        unconverted logits there instead (CUDA graphs share one output buffer that way)."""
+        if out is not None:
+            return torch.matmul(hidden, self.lm_head.weight.t(), out=out)
         return self.lm_head(hidden).float()

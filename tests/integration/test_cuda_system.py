@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 def test_bf16_system_agrees_with_transformers(arch, model_dirs, tmp_path):
     import transformers
 
-    cluster = Cluster(model_dirs[arch], tmp_path, ["--device", "cuda", "--gpu-memory-utilization", "0.3"])
+    cluster = Cluster(model_dirs[arch], tmp_path, ["--device", "cuda", "--num-kv-blocks", "4096"])
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 500) for _ in range(rng.randint(4, 60))] for _ in range(12)]
     try:
