@@ -16,6 +16,7 @@ from kernels import (  # noqa: F401 - the kernels the model calls (docs/contract
     paged_decode_attention,
     rms_norm,
     rotary_embedding,
+    rotary_write_kv,
     silu_and_mul,
     write_kv,
 )

@@ -17,6 +17,7 @@ __all__ = [
     "rms_norm",
     "silu_and_mul",
     "rotary_embedding",
+    "rotary_write_kv",
 ]
 
 
@@ -110,3 +111,28 @@ def rotary_embedding(
 
         return rotary_embedding_triton(positions, q, k, cos_sin_cache, is_neox)
     return reference.rotary_embedding_reference(positions, q, k, cos_sin_cache, is_neox)
+
+
+def rotary_write_kv(
+    positions: torch.Tensor,  # [num_tokens] int
+    qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], the fused projection
+    cos_sin_cache: torch.Tensor,  # [max_position, head_dim]: cos | sin halves
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int; slot < 0 is skipped
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    is_neox: bool = True,
+    q_norm_weight: torch.Tensor | None = None,  # [head_dim], Qwen3 q_norm
+    k_norm_weight: torch.Tensor | None = None,  # [head_dim], Qwen3 k_norm
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """[q/k per-head RMSNorm] + rotary + write_kv in one launch; returns a new q [num_tokens, num_heads, head_dim]."""
+    args = (positions, qkv, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
+            head_dim, is_neox, q_norm_weight, k_norm_weight, eps)
+    if qkv.is_cuda:
+        from kernels.rotary_cache import rotary_write_kv_triton
+
+        return rotary_write_kv_triton(*args)
+    return reference.rotary_write_kv_reference(*args)

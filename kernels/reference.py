@@ -149,3 +149,37 @@ def rotary_embedding_reference(
     q.copy_(_rotate(q.float(), cos, sin, is_neox).to(q.dtype))
     k.copy_(_rotate(k.float(), cos, sin, is_neox).to(k.dtype))
     return q, k
+
+
+def rotary_write_kv_reference(
+    positions: torch.Tensor,  # [num_tokens] int
+    qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]: q | k | v heads
+    cos_sin_cache: torch.Tensor,  # [max_position, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int, negative = skip
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    is_neox: bool = True,
+    q_norm_weight: torch.Tensor | None = None,  # [head_dim]: per-head RMSNorm of q before rope
+    k_norm_weight: torch.Tensor | None = None,  # [head_dim]: per-head RMSNorm of k before rope
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """The attention prologue of a layer: split the fused qkv, optional per-head RMSNorm of q and
+    k, rotary on q and k, k and v written to the paged cache. Returns q [num_tokens, num_heads,
+    head_dim], a new contiguous tensor; qkv is not modified. Exactly the unfused references in
+    sequence (each rounds its output to qkv's dtype)."""
+    t = qkv.shape[0]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = q.reshape(t, num_heads, head_dim).clone()
+    k = k.reshape(t, num_kv_heads, head_dim).clone()
+    v = v.reshape(t, num_kv_heads, head_dim)
+    if q_norm_weight is not None:
+        q = rms_norm_reference(q.reshape(-1, head_dim), q_norm_weight, eps).view_as(q)
+    if k_norm_weight is not None:
+        k = rms_norm_reference(k.reshape(-1, head_dim), k_norm_weight, eps).view_as(k)
+    rotary_embedding_reference(positions, q, k, cos_sin_cache, is_neox)
+    write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
+    return q

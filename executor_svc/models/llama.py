@@ -73,16 +73,16 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_cache: KVCache, cos_sin_cache: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(t, self.num_heads, self.head_dim)  # [T, nh, D]
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, nkv, D]
-        v = v.reshape(t, self.num_kv_heads, self.head_dim).contiguous()
-        if self.q_norm is not None:
-            q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
-            k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
-        q, k = layers.rotary_embedding(positions, q.contiguous(), k.contiguous(), cos_sin_cache)
         k_cache, v_cache = kv_cache
-        layers.write_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+        # One launch: [Qwen3 q/k norm] + rope on q and k + k, v into the paged cache; q comes back
+        # as a new contiguous [T, nh, D] tensor.
+        q = layers.rotary_write_kv(
+            positions, self.qkv_proj(x), cos_sin_cache, k_cache, v_cache, attn.slot_mapping,
+            self.num_heads, self.num_kv_heads, self.head_dim,
+            q_norm_weight=self.q_norm.weight if self.q_norm is not None else None,
+            k_norm_weight=self.k_norm.weight if self.k_norm is not None else None,
+            eps=self.q_norm.eps if self.q_norm is not None else 1e-6,
+        )
         if attn.is_decode:
             o = layers.paged_decode_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
                                               self.scale)

@@ -135,3 +135,59 @@ def test_rotary_embedding_reference(is_neox):
     q_out, k_out = kernels.rotary_embedding(positions, q, k, cos_sin_cache, is_neox)
     assert q_out is q and k_out is k  # in place
     assert torch.allclose(q, q_expected, atol=1e-5) and torch.allclose(k, k_expected, atol=1e-5)
+
+
+def _rope_cache(dim, max_pos):
+    angles = torch.arange(max_pos).float()[:, None] / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)  # [max_pos, dim]
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rotary_write_kv_reference_matches_unfused(qk_norm, is_neox, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    num_kv_heads = rng.choice([1, 2, 4])
+    num_heads = num_kv_heads * rng.choice([1, 2, 3, 4])  # GQA ratios 1..4
+    head_dim, block_size, num_blocks = rng.choice([16, 32, 64]), rng.choice([4, 8]), 9
+    num_tokens, max_pos, eps = rng.randint(1, 20), 300, 1e-6
+    positions = torch.randint(0, max_pos, (num_tokens,), generator=gen)
+    slot_mapping = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    slot_mapping[torch.rand(num_tokens, generator=gen) < 0.3] = -1
+    slot_mapping[0] = -1  # always at least one skipped token
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(dtype)
+    qkv_before = qkv.clone()
+    cos_sin_cache = _rope_cache(head_dim, max_pos)
+    q_w = (torch.rand(head_dim, generator=gen) + 0.5).to(dtype) if qk_norm else None
+    k_w = (torch.rand(head_dim, generator=gen) + 0.5).to(dtype) if qk_norm else None
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    poison = -777.0
+    k_cache, v_cache = torch.full(shape, poison, dtype=dtype), torch.full(shape, poison, dtype=dtype)
+    k_exp, v_exp = k_cache.clone(), v_cache.clone()
+
+    # The unfused sequence, as the model ran it before the fusion.
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.clone().split([q_size, kv_size, kv_size], dim=-1)
+    q = q.reshape(num_tokens, num_heads, head_dim)
+    k = k.reshape(num_tokens, num_kv_heads, head_dim)
+    v = v.reshape(num_tokens, num_kv_heads, head_dim).contiguous()
+    if qk_norm:
+        q = ref.rms_norm_reference(q.reshape(-1, head_dim), q_w, eps).view_as(q)
+        k = ref.rms_norm_reference(k.reshape(-1, head_dim), k_w, eps).view_as(k)
+    q, k = ref.rotary_embedding_reference(positions, q.contiguous(), k.contiguous(), cos_sin_cache, is_neox)
+    ref.write_kv_reference(k, v, k_exp, v_exp, slot_mapping)
+
+    q_out = kernels.rotary_write_kv(positions, qkv, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                                    num_heads, num_kv_heads, head_dim, is_neox, q_w, k_w, eps)
+    assert q_out.shape == (num_tokens, num_heads, head_dim) and q_out.is_contiguous()
+    assert q_out.dtype == dtype
+    assert torch.equal(q_out, q)
+    assert torch.equal(k_cache, k_exp) and torch.equal(v_cache, v_exp)
+    assert torch.equal(qkv, qkv_before)  # input untouched
+    # Negative slots wrote nothing: every slot not in slot_mapping still holds the poison.
+    written = set(s for s in slot_mapping.tolist() if s >= 0)
+    untouched = [s for s in range(num_blocks * block_size) if s not in written]
+    assert torch.all(k_cache.view(-1, num_kv_heads, head_dim)[untouched] == poison)
+    assert torch.all(v_cache.view(-1, num_kv_heads, head_dim)[untouched] == poison)

@@ -1,0 +1,155 @@
+"""Fused per-layer attention prologue in Triton: [q/k RMSNorm] + rotary + KV-cache write, one launch.
+
+Input is the fused qkv projection `[T, (Hq + 2 * Hk) * D]`: per token, Hq query heads, then Hk key
+heads, then Hk value heads, each D wide. Grid `(T, Hq + Hk)`: program (t, h) handles head h of
+token t, where h < Hq is a query head and h >= Hq is key head h - Hq (together with its value
+head). A query program optionally RMS-normalises the head (Qwen3's q_norm), rotates it and
+stores it into the new contiguous q `[T, Hq, D]`; a key program skips everything when the token's
+slot is negative, otherwise optionally normalises (k_norm), rotates and stores the key, and
+copies the value, into the paged cache. qkv itself is never modified.
+
+Math in float32. The normalised head is rounded to the input dtype before the rotation, exactly
+as the unfused sequence (rms_norm, then rotary_embedding) holds it in memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import check_contiguous, check_power_of_two, check_same_device, check_tensor
+
+
+@triton.jit
+def _rms_norm_head(x1, x2, weight_ptr, i1, i2, eps, HEAD_DIM: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """RMSNorm of one head given as its two rotary halves (float32); result rounded to OUT_DTYPE."""
+    inv_rms = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / HEAD_DIM + eps)
+    w1 = tl.load(weight_ptr + i1).to(tl.float32)
+    w2 = tl.load(weight_ptr + i2).to(tl.float32)
+    y1 = (x1 * inv_rms * w1).to(OUT_DTYPE).to(tl.float32)
+    y2 = (x2 * inv_rms * w2).to(OUT_DTYPE).to(tl.float32)
+    return y1, y2
+
+
+@triton.jit
+def _rotary_write_kv_kernel(
+    positions_ptr, qkv_ptr, cos_sin_ptr, slot_mapping_ptr, q_norm_ptr, k_norm_ptr,
+    q_out_ptr, k_cache_ptr, v_cache_ptr,
+    stride_qkv, stride_cos_sin, stride_q_out, stride_cb, stride_cs, stride_ch,
+    eps,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, IS_NEOX: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    dtype = qkv_ptr.dtype.element_ty
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs_i = tl.arange(0, HALF)
+    if IS_NEOX:  # pairs (i, i + D/2)
+        i1 = offs_i
+        i2 = offs_i + HALF
+    else:  # GPT-J: pairs (2i, 2i + 1)
+        i1 = 2 * offs_i
+        i2 = 2 * offs_i + 1
+
+    pos = tl.load(positions_ptr + tok).to(tl.int64)
+    cos = tl.load(cos_sin_ptr + pos * stride_cos_sin + offs_i).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + pos * stride_cos_sin + HALF + offs_i).to(tl.float32)
+    # q heads then k heads are back to back in a qkv row: head h starts at h * HEAD_DIM.
+    src = qkv_ptr + tok * stride_qkv + head * HEAD_DIM
+
+    if head < NUM_HEADS:
+        x1 = tl.load(src + i1).to(tl.float32)
+        x2 = tl.load(src + i2).to(tl.float32)
+        if HAS_Q_NORM:
+            x1, x2 = _rms_norm_head(x1, x2, q_norm_ptr, i1, i2, eps, HEAD_DIM, dtype)
+        dst = q_out_ptr + tok * stride_q_out + head * HEAD_DIM
+        tl.store(dst + i1, (x1 * cos - x2 * sin).to(dtype))
+        tl.store(dst + i2, (x2 * cos + x1 * sin).to(dtype))
+    else:
+        slot = tl.load(slot_mapping_ptr + tok).to(tl.int64)
+        if slot >= 0:
+            kv_head = head - NUM_HEADS
+            x1 = tl.load(src + i1).to(tl.float32)
+            x2 = tl.load(src + i2).to(tl.float32)
+            if HAS_K_NORM:
+                x1, x2 = _rms_norm_head(x1, x2, k_norm_ptr, i1, i2, eps, HEAD_DIM, dtype)
+            dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+            tl.store(k_cache_ptr + dst + i1, (x1 * cos - x2 * sin).to(dtype))
+            tl.store(k_cache_ptr + dst + i2, (x2 * cos + x1 * sin).to(dtype))
+            offs_d = tl.arange(0, HEAD_DIM)
+            v = tl.load(src + NUM_KV_HEADS * HEAD_DIM + offs_d)  # value head kv_head
+            tl.store(v_cache_ptr + dst + offs_d, v)
+
+
+def rotary_write_kv_triton(
+    positions: torch.Tensor,  # [T] int32/int64
+    qkv: torch.Tensor,  # [T, (num_heads + 2 * num_kv_heads) * head_dim], last dim contiguous
+    cos_sin_cache: torch.Tensor,  # [max_position, head_dim]: cos | sin halves
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], qkv's dtype
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int32/int64; < 0 skipped
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    is_neox: bool = True,
+    q_norm_weight: torch.Tensor | None = None,  # [head_dim]
+    k_norm_weight: torch.Tensor | None = None,  # [head_dim]
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,  # [T, num_heads, head_dim] contiguous, for q; new if None
+) -> torch.Tensor:
+    """Returns the rotated q as a contiguous [T, num_heads, head_dim] tensor (`out` if given, else
+    new); writes the rotated k and v to the cache."""
+    check_tensor("qkv", qkv, 2)
+    check_tensor("cos_sin_cache", cos_sin_cache, 2)
+    check_tensor("positions", positions, 1, (torch.int32, torch.int64))
+    check_tensor("slot_mapping", slot_mapping, 1, (torch.int32, torch.int64))
+    check_tensor("k_cache", k_cache, 4, (qkv.dtype,))
+    check_tensor("v_cache", v_cache, 4, (qkv.dtype,))
+    check_same_device(positions=positions, qkv=qkv, cos_sin_cache=cos_sin_cache, k_cache=k_cache,
+                      v_cache=v_cache, slot_mapping=slot_mapping)
+    for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        if w is not None:
+            check_tensor(name, w, 1)
+            check_same_device(qkv=qkv, **{name: w})
+            if w.shape[0] != head_dim:
+                raise ValueError(f"{name} has {w.shape[0]} entries, head_dim is {head_dim}")
+    num_tokens = qkv.shape[0]
+    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
+        raise ValueError(f"qkv row is {qkv.shape[1]} wide, expected (num_heads + 2 * num_kv_heads) * head_dim "
+                         f"= {(num_heads + 2 * num_kv_heads) * head_dim}")
+    if positions.shape[0] != num_tokens or slot_mapping.shape[0] != num_tokens:
+        raise ValueError(f"positions ({positions.shape[0]}) and slot_mapping ({slot_mapping.shape[0]}) "
+                         f"must have one entry per token ({num_tokens})")
+    if cos_sin_cache.shape[1] != head_dim:
+        raise ValueError(f"cos_sin_cache row is {cos_sin_cache.shape[1]} wide, head_dim is {head_dim}")
+    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
+        raise ValueError("k_cache and v_cache must have the same shape and strides")
+    if tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
+        raise ValueError(f"cache heads/dim {tuple(k_cache.shape[2:])} != {(num_kv_heads, head_dim)}")
+    check_power_of_two("head_dim", head_dim, 2)
+    if out is None:
+        q = torch.empty(num_tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    else:
+        q = out
+        check_tensor("out", q, 3, (qkv.dtype,))
+        check_contiguous("out", q)
+        check_same_device(qkv=qkv, out=q)
+        if tuple(q.shape) != (num_tokens, num_heads, head_dim):
+            raise ValueError(f"out is {tuple(q.shape)}, expected {(num_tokens, num_heads, head_dim)}")
+    if num_tokens == 0:
+        return q
+    _rotary_write_kv_kernel[(num_tokens, num_heads + num_kv_heads)](
+        positions, qkv, cos_sin_cache, slot_mapping,
+        q_norm_weight if q_norm_weight is not None else qkv,  # dummies, never read
+        k_norm_weight if k_norm_weight is not None else qkv,
+        q, k_cache, v_cache,
+        qkv.stride(0), cos_sin_cache.stride(0), q.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        eps,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
+        IS_NEOX=is_neox, HAS_Q_NORM=q_norm_weight is not None, HAS_K_NORM=k_norm_weight is not None,
+        num_warps=1 if head_dim <= 128 else 2,
+    )
+    return q
