@@ -17,6 +17,7 @@ __all__ = [
     "rms_norm",
     "silu_and_mul",
     "rotary_embedding",
+    "gumbel_sample",
     "rotary_write_kv",
 ]
 
@@ -136,3 +137,17 @@ def rotary_write_kv(
 
         return rotary_write_kv_triton(*args)
     return reference.rotary_write_kv_reference(*args)
+
+
+def gumbel_sample(
+    logits: torch.Tensor,  # [N, V] float32 | bfloat16; -inf entries are never chosen
+    temperature: torch.Tensor,  # [N] float32; <= 0 = greedy (plain argmax)
+    seeds: torch.Tensor,  # [N] int64
+    positions: torch.Tensor,  # [N] int64
+) -> torch.Tensor:
+    """Gumbel-max sampling, [N] int64: argmax_j(logits / max(T, 1e-5) + g(seed, position, j))."""
+    if logits.is_cuda:
+        from kernels.sampling import gumbel_sample_triton
+
+        return gumbel_sample_triton(logits, temperature, seeds, positions)
+    return reference.gumbel_sample_reference(logits, temperature, seeds, positions)

@@ -183,3 +183,53 @@ def rotary_write_kv_reference(
     rotary_embedding_reference(positions, q, k, cos_sin_cache, is_neox)
     write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
     return q
+
+
+# --- Gumbel-max sampling ---------------------------------------------------------------------
+# Noise from a counter-based hash of (seed, position, token index): no torch.Generator, no state,
+# so a step replays identically and can live inside a CUDA graph. The hash works on 32-bit
+# values held in int64 tensors; every multiplier is below 2**31, so no product overflows int64
+# and the result is the same on every device (the Triton kernel does the same math in uint32,
+# where wrapping multiplication equals the `& 0xFFFFFFFF` here):
+#     mix(x): x ^= x >> 16; x = (x * 0x7FEB352D) mod 2**32; x ^= x >> 15;
+#             x = (x * 0x2C1B3C6D) mod 2**32; x ^= x >> 16
+#     key  = mix(mix(mix(seed_lo ^ 0x9E3779B9) ^ seed_hi) ^ position)   per row
+#     bits = mix(mix(key ^ j) + j)                                        per (row, token j)
+#     u    = ((bits >> 9) + 0.5) / 2**23     23 random bits, so u < 1 exactly in float32
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _M32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """u [N, V] float32 in (0, 1): a pure function of (seed, position, token index)."""
+    seed_lo, seed_hi = seeds & _M32, (seeds >> 32) & _M32
+    key = _mix32(_mix32(_mix32(seed_lo ^ 0x9E3779B9) ^ seed_hi) ^ (positions & _M32))  # [N]
+    j = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)  # [V]
+    bits = _mix32((_mix32(key[:, None] ^ j[None, :]) + j[None, :]) & _M32)  # [N, V]
+    return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
+
+
+def gumbel_sample_reference(
+    logits: torch.Tensor,  # [N, V] float32 or bfloat16; -inf = never chosen
+    temperature: torch.Tensor,  # [N] float32; <= 0 = greedy
+    seeds: torch.Tensor,  # [N] int64
+    positions: torch.Tensor,  # [N] int64
+) -> torch.Tensor:
+    """Gumbel-max sampling: [N] int64, row r = argmax_j(logits[r, j] / max(T[r], 1e-5) + g) with
+    g = -log(-log(u)), u = uniform_noise(seed, position, j); rows with T <= 0 (not > 0) take
+    argmax_j logits[r, j]. Math in float32; ties go to the lowest index (torch.argmax)."""
+    logits = logits.float()
+    greedy = logits.argmax(dim=-1)
+    scaled = logits / temperature.float().clamp_min(1e-5)[:, None]
+    u = uniform_noise(seeds, positions, logits.shape[-1])
+    gumbel = -torch.log(-torch.log(u))
+    sampled = (scaled + gumbel).argmax(dim=-1)
+    return torch.where(temperature > 0, sampled, greedy)

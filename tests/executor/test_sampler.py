@@ -81,3 +81,44 @@ def test_temperature_sampling_matches_softmax():
         positions=torch.arange(draws), all_greedy=False, need_top_k_top_p=False)
     freq = torch.bincount(sample(logits, params), minlength=5).float() / draws
     assert torch.allclose(freq, torch.softmax(base / 0.8, -1), atol=0.02)
+
+
+def _previous_sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """sample() as it was before kernels.gumbel_sample (one torch expression), verbatim."""
+    from executor_svc.sampler import apply_top_k_top_p
+
+    greedy = logits.argmax(dim=-1)
+    if params.all_greedy:
+        return greedy
+    temperature = params.temperature.clamp_min(1e-5)[:, None]
+    scaled = logits / temperature
+    if params.need_top_k_top_p:
+        scaled = apply_top_k_top_p(scaled, params.top_k, params.top_p)
+    u = uniform_noise(params.seeds, params.positions, logits.shape[-1])
+    gumbel = -torch.log(-torch.log(u))
+    sampled = (scaled + gumbel).argmax(dim=-1)
+    return torch.where(params.temperature > 0, sampled, greedy)
+
+
+def test_sample_matches_previous_implementation():
+    gen = torch.Generator().manual_seed(5)
+    n, vocab = 96, 700
+    logits = torch.randn(n, vocab, generator=gen) * 4
+    logits[::5, 10] = logits[::5, 20] = 50.0  # tied maxima: greedy takes the lowest index
+    logits[1::7, 100:] = float("-inf")
+    logits[3, 0] = 1e-3  # close logits that x / 1e-5 may round to a tie
+    logits[3, 1] = torch.nextafter(torch.tensor(1e-3), torch.tensor(1.0))
+    logits[3, 2:] = -1.0
+    temps = torch.rand(n, generator=gen) * 1.4 + 0.2
+    temps[::4] = 0.0
+    top_k = torch.randint(0, 5, (n,), generator=gen)
+    top_p = torch.where(torch.rand(n, generator=gen) < 0.5, torch.rand(n, generator=gen), torch.ones(n))
+    seeds = torch.randint(0, 1 << 62, (n,), generator=gen)
+    positions = torch.randint(0, 1 << 16, (n,), generator=gen)
+    for cut in (False, True):
+        params = SamplingTensors(
+            temperature=temps, top_k=top_k if cut else torch.zeros_like(top_k), top_p=top_p if cut else torch.ones(n),
+            seeds=seeds, positions=positions, all_greedy=False, need_top_k_top_p=cut)
+        assert torch.equal(sample(logits, params), _previous_sample(logits, params))
+    greedy = _params(temperature=0.0, n=n)
+    assert torch.equal(sample(logits, greedy), _previous_sample(logits, greedy))

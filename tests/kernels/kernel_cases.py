@@ -91,3 +91,25 @@ def dense_attention(case: PagedCase) -> torch.Tensor:
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.float().cpu(), ref.float().cpu()
     return ((out - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+
+
+def gumbel_case(n: int, vocab: int, seed: int = 0):
+    """Random logits with T = 0 rows, T in (0.3, 1.5) rows, rows that are mostly -inf, one all -inf
+    row, tied maxima and 63-bit seeds: (logits float32, temperature, seeds, positions)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, vocab, generator=gen) * 4
+    temperature = torch.rand(n, generator=gen) * 1.2 + 0.3
+    temperature[torch.rand(n, generator=gen) < 0.3] = 0.0
+    for r in range(0, n, 3):  # top-k/top-p style cut: only a handful survive
+        keep = torch.randperm(vocab, generator=gen)[: 1 + r % 7]
+        cut = torch.ones(vocab, dtype=torch.bool)
+        cut[keep] = False
+        logits[r].masked_fill_(cut, float("-inf"))
+    if n > 4:
+        logits[4] = float("-inf")  # nothing left: argmax of all -inf is index 0
+    if n > 1:
+        logits[1, vocab // 2] = logits[1, vocab // 3] = logits[1].max() + 1  # tie: lowest index
+    seeds = torch.randint(0, 1 << 62, (n,), generator=gen)
+    seeds[0] = (1 << 63) - 1
+    positions = torch.randint(0, 1 << 20, (n,), generator=gen)
+    return logits, temperature, seeds, positions

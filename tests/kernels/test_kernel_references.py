@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from tests.kernels.kernel_cases import dense_attention, make_case, rel_err
+from tests.kernels.kernel_cases import dense_attention, gumbel_case, make_case, rel_err
 
 import kernels
 from kernels import reference as ref
@@ -191,3 +191,54 @@ def test_rotary_write_kv_reference_matches_unfused(qk_norm, is_neox, dtype, seed
     untouched = [s for s in range(num_blocks * block_size) if s not in written]
     assert torch.all(k_cache.view(-1, num_kv_heads, head_dim)[untouched] == poison)
     assert torch.all(v_cache.view(-1, num_kv_heads, head_dim)[untouched] == poison)
+
+
+def _mix32_int(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def test_uniform_noise_matches_the_hash_in_python_ints():
+    seeds, positions = [0, 7, (1 << 62) + 12345, (1 << 63) - 1], [0, 3, 4095, 1 << 33]
+    u = ref.uniform_noise(torch.tensor(seeds), torch.tensor(positions), 3000)
+    for r, (seed, pos) in enumerate(zip(seeds, positions)):
+        key = _mix32_int(_mix32_int(_mix32_int((seed & 0xFFFFFFFF) ^ 0x9E3779B9) ^ (seed >> 32)) ^ (pos & 0xFFFFFFFF))
+        for j in (0, 1, 2, 1000, 2999):
+            bits = _mix32_int((_mix32_int(key ^ j) + j) & 0xFFFFFFFF)
+            assert u[r, j].item() == ((bits >> 9) + 0.5) / 2**23
+
+
+def _previous_torch_sampler(logits, temperature, seeds, positions):
+    """executor_svc/sampler.sample() before kernels.gumbel_sample (no top-k/top-p), verbatim."""
+    greedy = logits.argmax(dim=-1)
+    scaled = logits / temperature.clamp_min(1e-5)[:, None]
+    u = ref.uniform_noise(seeds, positions, logits.shape[-1])
+    gumbel = -torch.log(-torch.log(u))
+    sampled = (scaled + gumbel).argmax(dim=-1)
+    return torch.where(temperature > 0, sampled, greedy)
+
+
+@pytest.mark.parametrize("n,vocab", [(1, 1000), (7, 50), (64, 3000), (256, 500)])
+def test_gumbel_sample_reference_matches_previous_sampler(n, vocab):
+    logits, temperature, seeds, positions = gumbel_case(n, vocab, seed=n)
+    out = ref.gumbel_sample_reference(logits, temperature, seeds, positions)
+    assert out.dtype == torch.int64 and out.shape == (n,)
+    assert torch.equal(out, _previous_torch_sampler(logits, temperature, seeds, positions))
+    assert torch.isfinite(logits.gather(1, out[:, None])).squeeze(1)[logits.isfinite().any(-1)].all()
+    greedy = temperature == 0
+    assert torch.equal(out[greedy], logits.argmax(-1)[greedy])
+    if n > 4:
+        assert out[4] == 0
+    if n > 1 and temperature[1] == 0:
+        assert out[1] == vocab // 3
+    assert torch.equal(kernels.gumbel_sample(logits, temperature, seeds, positions), out)  # CPU dispatch
+
+
+def test_gumbel_sample_reference_bf16_is_float32_math():
+    logits, temperature, seeds, positions = gumbel_case(16, 700, seed=3)
+    low = logits.to(torch.bfloat16)
+    out = ref.gumbel_sample_reference(low, temperature, seeds, positions)
+    assert torch.equal(out, _previous_torch_sampler(low.float(), temperature, seeds, positions))
