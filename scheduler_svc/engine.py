@@ -1,9 +1,15 @@
-"""The step loop: drives the scheduler core against the executor and fans outputs out to streams.
+"""The engine: the scheduler core and the executor stream on their own thread, fanned out to
+the API's request streams.
 
-Everything here runs on the event loop thread, so the scheduler core needs no locks. With
-overlap on, the loop keeps one step queued at the executor: it sends step N+1 before it reads
-step N's result, so the GPU never waits for the gRPC hop (decode rows carry no token ids; the
-executor feeds its own last sample).
+Two event loops, two jobs. The *core loop* (a dedicated thread) owns the scheduler core and the
+executor stream: it plans, sends, applies results and never waits behind client streams. The
+*API loop* (the gRPC server's) owns one output queue per request and streams to clients.
+They meet in three thread-safe hand-offs: add a request, abort a request (API -> core), and
+one batch of outputs per step (core -> API). With the two on one loop, hundreds of client
+streams delayed the step loop and left the GPU idle between steps.
+
+With overlap on, the core keeps one step queued at the executor: it sends step N+1 before it
+reads step N's result (decode rows carry no token ids; the executor feeds its own last sample).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,6 +30,7 @@ from scheduler_svc.scheduler_output import RequestOutput, SchedulerOutput
 from scheduler_svc.wire import ExecutorInfo, sampled_from_pb
 
 log = logging.getLogger("llmserve.engine")
+ALL = -1  # req_id of an error meant for every stream
 
 
 class EngineError(Exception):
@@ -46,7 +54,7 @@ class StepStats:
 
 
 class Engine:
-    """Owns the scheduler core, the executor client and one output queue per live request."""
+    """API side: `start`, `generate`, `stop`. Everything prefixed `_core` runs on the core thread."""
 
     def __init__(self, client: ExecutorClient, make_scheduler: Callable[[ExecutorInfo], Scheduler],
                  *, overlap: bool, connect_timeout: float):
@@ -55,18 +63,26 @@ class Engine:
         self._depth = 2 if overlap else 1
         self._connect_timeout = connect_timeout
         self._ids = itertools.count(1)
-        self._streams: dict[int, asyncio.Queue] = {}
-        self._inflight: deque[SchedulerOutput] = deque()
-        self._wake = asyncio.Event()
+        self._streams: dict[int, asyncio.Queue] = {}  # API loop only
+        self._api_loop: asyncio.AbstractEventLoop | None = None
+        self._core_loop: asyncio.AbstractEventLoop | None = None
+        self._core_task: asyncio.Task | None = None
         self.stats = StepStats()
         self.info: ExecutorInfo | None = None
-        self.scheduler: Scheduler | None = None
+        self.scheduler: Scheduler | None = None  # read-only from the API side (load figures)
+
+    # ---- API side ---------------------------------------------------------------------------
 
     async def start(self) -> ExecutorInfo:
-        """Handshakes with the executor and sizes the scheduler from its answer."""
-        self.info = await self._client.connect(self._connect_timeout)
-        self.scheduler = self._make_scheduler(self.info)
-        return self.info
+        """Starts the core thread; returns once it has handshaken with the executor."""
+        self._api_loop = asyncio.get_running_loop()
+        ready = self._api_loop.create_future()
+        threading.Thread(target=self._core_thread, args=(ready,), name="engine-core", daemon=True).start()
+        return await ready
+
+    def stop(self) -> None:
+        if self._core_loop is not None and self._core_task is not None:
+            self._core_loop.call_soon_threadsafe(self._core_task.cancel)
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams
                        ) -> AsyncIterator[RequestOutput]:
@@ -74,8 +90,7 @@ class Engine:
         req_id = next(self._ids)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[req_id] = queue
-        self.scheduler.add_request(Request(req_id, list(prompt_token_ids), params))
-        self._wake.set()
+        self._core_loop.call_soon_threadsafe(self._core_add, Request(req_id, list(prompt_token_ids), params))
         finished = False
         try:
             while not finished:
@@ -88,20 +103,74 @@ class Engine:
         finally:
             del self._streams[req_id]
             if not finished:
-                self.scheduler.abort_request(req_id)
-                self._wake.set()
+                self._core_loop.call_soon_threadsafe(self._core_abort, req_id)
 
-    async def run(self) -> None:
-        """The step loop; runs until cancelled. Reconnects when the executor goes away."""
+    def _deliver(self, items: list[tuple[int, RequestOutput | EngineError]]) -> None:
+        """One step's outputs, on the API loop: each to its request's queue."""
+        for req_id, item in items:
+            if req_id == ALL:
+                for queue in self._streams.values():
+                    queue.put_nowait(item)
+                continue
+            queue = self._streams.get(req_id)
+            if queue is not None:
+                queue.put_nowait(item)
+
+    # ---- core thread ------------------------------------------------------------------------
+
+    def _core_thread(self, ready: asyncio.Future) -> None:
+        from scheduler_svc.server import run_async
+
+        run_async(self._core_main(ready))
+
+    async def _core_main(self, ready: asyncio.Future) -> None:
+        self._core_loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._inflight: deque[SchedulerOutput] = deque()
+        try:
+            info = await self._core_connect()
+        except BaseException as e:  # noqa: BLE001 - handed to the API side
+            self._api_loop.call_soon_threadsafe(ready.set_exception, e)
+            return
+        self._api_loop.call_soon_threadsafe(ready.set_result, info)
+        self._core_task = asyncio.current_task()
+        try:
+            await self._core_run()
+        except asyncio.CancelledError:
+            await self._client.close()
+
+    async def _core_connect(self) -> ExecutorInfo:
+        info = await self._client.connect(self._connect_timeout)
+        self.info, self.scheduler = info, self._make_scheduler(info)
+        return info
+
+    def _core_add(self, request: Request) -> None:
+        try:
+            self.scheduler.add_request(request)
+        except ValueError as e:  # validation let through a request the core can never run
+            self._publish([(request.req_id, EngineError("INVALID_ARGUMENT", str(e)))])
+        self._wake.set()
+
+    def _core_abort(self, req_id: int) -> None:
+        self.scheduler.abort_request(req_id)
+        self._wake.set()
+
+    def _publish(self, items: list) -> None:
+        if items:
+            self._api_loop.call_soon_threadsafe(self._deliver, items)
+
+    async def _core_run(self) -> None:
+        """The step loop; reconnects when the executor goes away."""
         while True:
             try:
-                await self._step_loop()
+                await self._core_step_loop()
             except ExecutorUnavailable as e:
-                log.error("executor lost: %s; failing %d requests and reconnecting", e, len(self._streams))
-                self._fail_all("UNAVAILABLE", f"the executor went away: {e}")
-                await self.start()
+                log.error("executor lost: %s; failing every request and reconnecting", e)
+                self._inflight.clear()
+                self._publish([(ALL, EngineError("UNAVAILABLE", f"the executor went away: {e}"))])
+                await self._core_connect()
 
-    async def _step_loop(self) -> None:
+    async def _core_step_loop(self) -> None:
         while True:
             if len(self._inflight) < self._depth and self.scheduler.has_work():
                 out = self.scheduler.schedule()
@@ -110,10 +179,10 @@ class Engine:
                     self._inflight.append(out)
                     continue
             if self._inflight:
-                await self._apply(await self._client.receive())
+                self._core_apply(await self._client.receive())
                 continue
             self._wake.clear()
-            if not self.scheduler.has_work() or not self._streams:
+            if not self.scheduler.has_work():
                 await self._wake.wait()
             else:
                 # Work exists but nothing could be scheduled: wait for a change, not a spin.
@@ -122,37 +191,22 @@ class Engine:
                 except asyncio.TimeoutError:
                     pass
 
-    async def _apply(self, result: epb.StepResult) -> None:
+    def _core_apply(self, result: epb.StepResult) -> None:
         out = self._inflight.popleft()
         if result.step_id != out.step_id:
             raise ExecutorUnavailable(f"result for step {result.step_id}, expected {out.step_id}")
         self._record(result)
-        if result.error:
-            log.error("step %d failed on the executor: %s", out.step_id, result.error)
-            ids = [r.req_id for r in out.new_requests] + [r.req_id for r in out.cached_requests]
-            outputs = self.scheduler.update_from_output(out, {})
-            self._dispatch(outputs)
-            for req_id in ids:
-                self._fail(req_id, "INTERNAL", f"the executor failed the step: {result.error}")
+        if not result.error:
+            outputs = self.scheduler.update_from_output(out, sampled_from_pb(result))
+            self._publish([(o.req_id, o) for o in outputs])
             return
-        self._dispatch(self.scheduler.update_from_output(out, sampled_from_pb(result)))
-
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        for o in outputs:
-            queue = self._streams.get(o.req_id)
-            if queue is not None:
-                queue.put_nowait(o)
-
-    def _fail(self, req_id: int, code: str, message: str) -> None:
-        self.scheduler.abort_request(req_id)
-        queue = self._streams.get(req_id)
-        if queue is not None:
-            queue.put_nowait(EngineError(code, message))
-
-    def _fail_all(self, code: str, message: str) -> None:
-        self._inflight.clear()
-        for queue in self._streams.values():
-            queue.put_nowait(EngineError(code, message))
+        log.error("step %d failed on the executor: %s", out.step_id, result.error)
+        items = [(o.req_id, o) for o in self.scheduler.update_from_output(out, {})]
+        error = EngineError("INTERNAL", f"the executor failed the step: {result.error}")
+        for req_id in out.scheduled_req_ids:
+            self.scheduler.abort_request(req_id)
+            items.append((req_id, error))
+        self._publish(items)
 
     def _record(self, result: epb.StepResult) -> None:
         s = self.stats

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -78,18 +79,14 @@ async def serve(config: SchedulerConfig) -> None:
         start_metrics(config.metrics_port, engine)
     log.info("serving llmserve.v1.LLMServe on %s", address)
 
-    loop_task = asyncio.create_task(engine.run())
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    done, _ = await asyncio.wait([loop_task, asyncio.create_task(stop.wait())],
-                                 return_when=asyncio.FIRST_COMPLETED)
+    await stop.wait()
     log.info("shutting down")
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=2.0)
-    loop_task.cancel()
-    if loop_task in done:
-        loop_task.result()  # re-raise the step loop's failure
+    engine.stop()
 
 
 def run_async(main) -> None:
@@ -104,6 +101,9 @@ def run_async(main) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     config = from_args(argv)
+    # The engine core thread must get the GIL promptly when a step result arrives, even while
+    # the API thread is busy streaming: a shorter switch interval than the default 5 ms.
+    sys.setswitchinterval(0.0005)
     logging.basicConfig(level=config.log_level.upper(),
                         format=f"%(asctime)s scheduler[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
     run_async(serve(config))
