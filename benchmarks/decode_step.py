@@ -69,3 +69,20 @@ def measure(runner: ModelRunner, batch: int, context: int = 512, steps: int = 30
     floor_ms = 1e3 * (weight_bytes(runner) + kv) / HBM_BYTES_PER_S
     return dict(batch=batch, context=context, floor_ms=floor_ms, **{
         f"{m}_{k}": v for m, r in rows.items() for k, v in r.items()})
+
+
+def profile(runner: ModelRunner, batch: int, context: int = 512, steps: int = 5) -> str:
+    """Top kernels by device time over a few graph-replayed decode steps (torch.profiler table)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    step_id = _prefill(runner, batch, context, 10_000, 10_000)
+    ids = list(range(10_000, 10_000 + batch))
+    plans = [StepPlan(step_id=step_id + s, cached_requests=[CachedRequest(i, [], 1) for i in ids])
+             for s in range(steps + 1)]
+    runner.execute(plans[0])  # warm-up
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for plan in plans[1:]:
+            runner.execute(plan)
+    runner.execute(StepPlan(step_id=step_id + steps + 1, finished_req_ids=ids))
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60)

@@ -55,6 +55,8 @@ def section_w4(out: dict) -> None:
                           graph_pool_mib=getattr(graphs, "pool_bytes", 0) / 2**20,
                           num_blocks=runner.num_blocks, sizes=list(graphs.sizes))
     out["w4"] = [decode_step.measure(runner, b) for b in (1, 8, 32, 64, 128, 256)]
+    for b in (1, 256):
+        out[f"profile_b{b}"] = decode_step.profile(runner, b)
     for overlap in (True, False):
         tokens, wall, busy = inprocess.run_workload(runner, workloads.w1(), overlap=overlap)
         out[f"inproc_w1_overlap{int(overlap)}"] = dict(tpot_ms=1e3 * wall / tokens, busy=busy)
