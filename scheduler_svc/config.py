@@ -25,6 +25,9 @@ class SchedulerConfig:
     max_waiting: int = 4096
     # Plan step N+1 while the executor runs step N (issue 4); False = strict plan/wait/apply.
     overlap: bool = True
+    # Tokens per streamed message (the last message may hold fewer); 1 = every step's token.
+    # Larger values cut the per-message cost of many concurrent streams.
+    stream_interval: int = 1
     # Seconds to wait for the executor at start.
     executor_connect_timeout: float = 300.0
     # Prometheus metrics HTTP port; 0 = off.
@@ -61,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    default=_env("OVERLAP", d.overlap),
                    help="wait for each step's result before planning the next")
+    p.add_argument("--stream-interval", type=int, default=_env("STREAM_INTERVAL", d.stream_interval),
+                   help="tokens per streamed message (1 = every token as soon as it is sampled)")
     p.add_argument("--executor-connect-timeout", type=float,
                    default=_env("EXECUTOR_CONNECT_TIMEOUT", d.executor_connect_timeout))
     p.add_argument("--metrics-port", type=int, default=_env("METRICS_PORT", d.metrics_port))

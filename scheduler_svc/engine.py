@@ -57,11 +57,12 @@ class Engine:
     """API side: `start`, `generate`, `stop`. Everything prefixed `_core` runs on the core thread."""
 
     def __init__(self, client: ExecutorClient, make_scheduler: Callable[[ExecutorInfo], Scheduler],
-                 *, overlap: bool, connect_timeout: float):
+                 *, overlap: bool, connect_timeout: float, stream_interval: int = 1):
         self._client = client
         self._make_scheduler = make_scheduler
         self._depth = 2 if overlap else 1
         self._connect_timeout = connect_timeout
+        self._stream_interval = max(1, stream_interval)
         self._ids = itertools.count(1)
         self._streams: dict[int, asyncio.Queue] = {}  # API loop only
         self._api_loop: asyncio.AbstractEventLoop | None = None
@@ -92,14 +93,18 @@ class Engine:
         self._streams[req_id] = queue
         self._core_loop.call_soon_threadsafe(self._core_add, Request(req_id, list(prompt_token_ids), params))
         finished = False
+        pending: RequestOutput | None = None  # held until stream_interval tokens are ready
         try:
             while not finished:
                 item = _merge_ready(await queue.get(), queue)
                 if isinstance(item, EngineError):
                     finished = True
                     raise item
+                pending = item if pending is None else _fold(pending, item)
                 finished = item.finish_reason is not None
-                yield item
+                if finished or len(pending.new_token_ids) >= self._stream_interval:
+                    yield pending
+                    pending = None
         finally:
             del self._streams[req_id]
             if not finished:
@@ -221,6 +226,13 @@ def _has_content(out: SchedulerOutput) -> bool:
     return bool(out.new_requests or out.cached_requests or out.finished_req_ids or out.preempted_req_ids)
 
 
+def _fold(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
+    """One output carrying both: the later one's state, both ones' tokens and text."""
+    later.new_token_ids = earlier.new_token_ids + later.new_token_ids
+    later.new_text = earlier.new_text + later.new_text
+    return later
+
+
 def _merge_ready(item, queue: asyncio.Queue):
     """Folds outputs already queued behind `item` into one: when the stream falls behind the
     steps, the client gets fewer, larger messages instead of a growing backlog."""
@@ -228,7 +240,5 @@ def _merge_ready(item, queue: asyncio.Queue):
         nxt = queue.get_nowait()
         if isinstance(nxt, EngineError):
             return nxt
-        nxt.new_token_ids = item.new_token_ids + nxt.new_token_ids
-        nxt.new_text = item.new_text + nxt.new_text
-        item = nxt
+        item = _fold(item, nxt)
     return item

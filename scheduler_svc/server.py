@@ -51,7 +51,8 @@ async def serve(config: SchedulerConfig) -> None:
         return Scheduler(core_config(config, info), tokenizers[path])
 
     engine = Engine(ExecutorClient(config.executor_address), make_scheduler,
-                    overlap=config.overlap, connect_timeout=config.executor_connect_timeout)
+                    overlap=config.overlap, connect_timeout=config.executor_connect_timeout,
+                    stream_interval=config.stream_interval)
     log.info("waiting for the executor at %s", config.executor_address)
     info = await engine.start()
     log.info("executor ready: model %s, %d KV blocks of %d tokens, max_model_len %d, graphs %s",

@@ -185,3 +185,19 @@ def test_overlap_off_gives_identical_outputs(llama_cluster, model_dirs, tmp_path
                 assert a[0] == b[0] and a[1] == b[1]
     finally:
         sync.stop()
+
+
+def test_stream_interval_groups_tokens(llama_cluster, model_dirs, tmp_path_factory):
+    grouped = start_cluster(tmp_path_factory, model_dirs["llama"], "interval",
+                            scheduler_args=["--stream-interval", "4"])
+    try:
+        req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 9, 11, 13]), params=pb.SamplingParams(
+            max_tokens=14, temperature=0.0, ignore_eos=True))
+        messages = list(grouped.stub.Generate(req, timeout=60))
+        reference = list(llama_cluster.stub.Generate(req, timeout=60))
+        assert [len(m.token_ids) for m in messages] == [4, 4, 4, 2]
+        assert [t for m in messages for t in m.token_ids] == [t for m in reference for t in m.token_ids]
+        assert "".join(m.text for m in messages) == "".join(m.text for m in reference)
+        assert messages[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    finally:
+        grouped.stop()
