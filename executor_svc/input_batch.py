@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from executor_svc.plan import NewRequest
@@ -11,13 +12,11 @@ from executor_svc.plan import NewRequest
 
 @dataclass
 class RequestState:
-    """What the executor remembers of one running request."""
+    """What the executor remembers of one running request (its counters live in InputBatch rows)."""
 
     req_id: int
-    row: int  # row in the persistent tables (block table, sampling params, last sampled)
-    token_ids: list[int]  # tokens the scheduler sent (prompt + pre-preemption output)
-    num_blocks: int
-    num_computed_tokens: int
+    row: int  # row in the persistent tables (block table, counters, sampling params, last sampled)
+    token_ids: np.ndarray  # [num_known] int64: tokens the scheduler sent (prompt + pre-preemption output)
     output_token_ids: list[int] = field(default_factory=list)  # sampled here, for observability
 
 
@@ -27,15 +26,21 @@ class Twin:
     On CUDA the host side is double-buffered: `use_host(i)` selects set i % 2, so the next
     step can be prepared on the host while the previous step's non-blocking copies out of the
     other set may still be pending. The device twin stays single (stream order protects it).
+    A twin built by a TwinGroup is a view into the group's buffers instead.
     """
 
-    def __init__(self, shape, dtype: torch.dtype, device: torch.device, fill=0):
+    def __init__(self, shape, dtype: torch.dtype, device: torch.device, fill=0, *, views=None):
         pin = device.type == "cuda"
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        self.hosts = [torch.full(shape, fill, dtype=dtype, pin_memory=pin) for _ in range(2 if pin else 1)]
+        if views is None:
+            self.hosts = [torch.full(shape, fill, dtype=dtype, pin_memory=pin) for _ in range(2 if pin else 1)]
+            self.gpu = torch.full(shape, fill, dtype=dtype, device=device) if pin else self.hosts[0]
+        else:  # (host views, device view): on CPU the device view is hosts[0] itself
+            self.hosts, self.gpu = views
+            for t in {id(t): t for t in (*self.hosts, self.gpu)}.values():
+                t.fill_(fill)
         self.nps = [h.numpy() for h in self.hosts]  # fast host writes
         self.cpu, self.np = self.hosts[0], self.nps[0]
-        self.gpu = torch.full(shape, fill, dtype=dtype, device=device) if pin else self.cpu
 
     def use_host(self, i: int) -> None:
         """Selects host set i (mod the number of sets) as `.cpu` / `.np`."""
@@ -49,18 +54,59 @@ class Twin:
         return self.gpu[:n]
 
 
+class TwinGroup:
+    """Small 1-D twins packed into one byte buffer per host set (and one on the device), so a
+    step copies all of them with one non-blocking copy. Members are contiguous views at fixed
+    64-byte aligned offsets (stable device addresses, as the graphs need)."""
+
+    ALIGN = 64
+
+    def __init__(self, device: torch.device, specs: dict[str, tuple[int, torch.dtype, float]]):
+        pin = device.type == "cuda"
+        offsets, total = {}, 0
+        for name, (size, dtype, _) in specs.items():
+            offsets[name] = total
+            nbytes = size * torch.empty((), dtype=dtype).element_size()
+            total += -(-nbytes // self.ALIGN) * self.ALIGN
+        self.hosts = [torch.zeros(total, dtype=torch.uint8, pin_memory=pin) for _ in range(2 if pin else 1)]
+        self.gpu = torch.zeros(total, dtype=torch.uint8, device=device) if pin else self.hosts[0]
+        self.cpu = self.hosts[0]
+        self.twins: dict[str, Twin] = {}
+        for name, (size, dtype, fill) in specs.items():
+            nbytes = size * torch.empty((), dtype=dtype).element_size()
+            hosts = [h[offsets[name]:offsets[name] + nbytes].view(dtype) for h in self.hosts]
+            gpu = self.gpu[offsets[name]:offsets[name] + nbytes].view(dtype) if pin else hosts[0]
+            self.twins[name] = Twin(size, dtype, device, fill, views=(hosts, gpu))
+
+    def use_host(self, i: int) -> None:
+        self.cpu = self.hosts[i % len(self.hosts)]
+        for twin in self.twins.values():
+            twin.use_host(i)
+
+    def copy_to_device(self) -> None:
+        """Copies the whole group (every member, all rows) in one non-blocking copy."""
+        if self.gpu is not self.cpu:
+            self.gpu.copy_(self.cpu, non_blocking=True)
+
+
 class InputBatch:
-    """Persistent per-request rows: block table, sampling params, last sampled token (on device)."""
+    """Persistent per-request rows: block table, counters, sampling params, last sampled token
+    (on device). The per-row numpy arrays let a step be prepared with whole-array operations."""
 
     def __init__(self, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device):
+        s = max_num_seqs
         self.max_num_seqs, self.max_blocks_per_seq = max_num_seqs, max_blocks_per_seq
         self.requests: dict[int, RequestState] = {}
+        self.states: list[RequestState | None] = [None] * s  # by row
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
-        self.block_table = torch.zeros(max_num_seqs, max_blocks_per_seq, dtype=torch.int32).numpy()
-        self.temperature = torch.zeros(max_num_seqs, dtype=torch.float32).numpy()
-        self.top_k = torch.zeros(max_num_seqs, dtype=torch.int64).numpy()
-        self.top_p = torch.ones(max_num_seqs, dtype=torch.float32).numpy()
-        self.seed = torch.zeros(max_num_seqs, dtype=torch.int64).numpy()
+        self.block_table = np.zeros((s, max_blocks_per_seq), dtype=np.int32)
+        self.num_blocks = np.zeros(s, dtype=np.int64)  # blocks in the row's table
+        self.num_computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed (or enqueued)
+        self.num_known = np.zeros(s, dtype=np.int64)  # len(token_ids): tokens the scheduler sent
+        self.temperature = np.zeros(s, dtype=np.float32)
+        self.top_k = np.zeros(s, dtype=np.int64)
+        self.top_p = np.ones(s, dtype=np.float32)
+        self.seed = np.zeros(s, dtype=np.int64)
         # [max_num_seqs + 1] int64; the extra row is scratch for padded rows of a graph
         self.last_sampled_gpu = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=device)
 
@@ -70,27 +116,41 @@ class InputBatch:
         if not self.free_rows:
             raise ValueError(f"more than max_num_seqs={self.max_num_seqs} running requests")
         row = self.free_rows.pop()
-        state = RequestState(new.req_id, row, list(new.token_ids), 0, new.num_computed_tokens)
+        state = RequestState(new.req_id, row, np.asarray(new.token_ids, dtype=np.int64).reshape(-1))
         self.requests[new.req_id] = state
+        self.states[row] = state
         self.block_table[row] = 0
-        self.append_blocks(state, new.block_ids)
+        self.num_blocks[row] = 0
+        self.num_computed[row] = new.num_computed_tokens
+        self.num_known[row] = len(state.token_ids)
         s = new.sampling
         self.temperature[row], self.top_k[row], self.top_p[row] = s.temperature, s.top_k, s.top_p
         self.seed[row] = s.seed & 0x7FFFFFFFFFFFFFFF
+        try:
+            self.append_blocks(state, new.block_ids)
+        except ValueError:
+            self.remove(new.req_id)
+            raise
         return state
 
     def append_blocks(self, state: RequestState, block_ids: list[int]) -> None:
-        end = state.num_blocks + len(block_ids)
+        if not block_ids:
+            return
+        row = state.row
+        start = int(self.num_blocks[row])
+        end = start + len(block_ids)
         if end > self.max_blocks_per_seq:
             raise ValueError(f"request {state.req_id}: {end} blocks > max {self.max_blocks_per_seq}")
-        self.block_table[state.row, state.num_blocks:end] = block_ids
-        state.num_blocks = end
+        self.block_table[row, start:end] = block_ids
+        self.num_blocks[row] = end
 
     def remove(self, req_id: int) -> None:
         """Forgets a request (finished, aborted or preempted); unknown ids are ignored."""
         state = self.requests.pop(req_id, None)
         if state is not None:
             self.block_table[state.row] = 0
+            self.num_blocks[state.row] = 0
+            self.states[state.row] = None
             self.free_rows.append(state.row)
 
     def clear(self) -> None:
@@ -99,7 +159,10 @@ class InputBatch:
 
 
 class StepBuffers:
-    """Static inputs of one step, allocated once at the largest size; a step fills the first rows."""
+    """Static inputs of one step, allocated once at the largest size; a step fills the first rows.
+
+    Per-token buffers and the block tables are copied row-prefix by row-prefix; the small
+    per-request and per-sample buffers live in one TwinGroup (`small`), copied whole at once."""
 
     def __init__(self, max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int,
                  device: torch.device):
@@ -109,16 +172,21 @@ class StepBuffers:
         self.src_rows = Twin(t, torch.int64, d)  # [T] persistent row of each token's request
         self.positions = Twin(t, torch.int64, d)  # [T]
         self.slot_mapping = Twin(t, torch.int64, d, fill=-1)  # [T] -1 = do not write
-        self.seq_lens = Twin(s, torch.int32, d)  # [B]
-        self.query_start_loc = Twin(s + 1, torch.int32, d)  # [B + 1]
         self.block_tables = Twin((s, max_blocks_per_seq), torch.int32, d)  # [B, max_blocks]
-        self.logits_indices = Twin(s, torch.int64, d)  # [N] token index of each sampled row
-        self.sample_rows = Twin(s, torch.int64, d)  # [N] persistent row receiving the sample
-        self.temperature = Twin(s, torch.float32, d)  # [N]
-        self.top_k = Twin(s, torch.int64, d)  # [N]
-        self.top_p = Twin(s, torch.float32, d, fill=1.0)  # [N]
-        self.seeds = Twin(s, torch.int64, d)  # [N]
-        self.sample_positions = Twin(s, torch.int64, d)  # [N] position of the sampled token
+        i32, i64, f32 = torch.int32, torch.int64, torch.float32
+        self.small = TwinGroup(d, {
+            "seq_lens": (s, i32, 0),  # [B]
+            "query_start_loc": (s + 1, i32, 0),  # [B + 1]
+            "logits_indices": (s, i64, 0),  # [N] token index of each sampled row
+            "sample_rows": (s, i64, 0),  # [N] persistent row receiving the sample
+            "temperature": (s, f32, 0),  # [N]
+            "top_k": (s, i64, 0),  # [N]
+            "top_p": (s, f32, 1.0),  # [N]
+            "seeds": (s, i64, 0),  # [N]
+            "sample_positions": (s, i64, 0),  # [N] position of the sampled token
+        })
+        for name, twin in self.small.twins.items():
+            setattr(self, name, twin)
 
     def twins(self) -> list[Twin]:
         return [v for v in vars(self).values() if isinstance(v, Twin)]
@@ -127,6 +195,7 @@ class StepBuffers:
         """Selects host set i % 2 of every buffer (CUDA; a no-op on CPU, where one set is the device)."""
         for twin in self.twins():
             twin.use_host(i)
+        self.small.use_host(i)
 
     def pad(self, num_reqs: int, num_tokens: int, size: int) -> None:
         """Makes rows num_reqs..size (and tokens num_tokens..size) harmless padded rows."""

@@ -20,26 +20,11 @@ from executor_svc.config import ExecutorConfig
 from executor_svc.input_batch import InputBatch, RequestState, StepBuffers
 from executor_svc.plan import ExecutorInfo, StepOutput, StepPlan
 from executor_svc.sampler import SamplingTensors, sample
+from executor_svc.step_inputs import Limits, PreparedStep, Scheduled, prepare_step
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class _Step:
-    """Host facts about the prepared step (device data lives in the StepBuffers)."""
-
-    num_reqs: int
-    num_tokens: int
-    num_sample: int
-    sample_req_ids: list[int]
-    max_query_len: int
-    max_seq_len: int
-    all_greedy: bool
-    need_top_k_top_p: bool
-
-    @property
-    def is_decode(self) -> bool:
-        return self.num_tokens == self.num_reqs
+_Step = PreparedStep  # the name cuda_graphs' type hints use
 
 
 @dataclass
@@ -77,6 +62,8 @@ class ModelRunner:
         self.max_model_len = config.max_model_len or self.args.max_position_embeddings
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.batch = InputBatch(config.max_num_seqs, self.max_blocks_per_seq, self.device)
+        self.limits = Limits(self.block_size, self.max_model_len, config.max_num_seqs,
+                             config.max_num_batched_tokens)
         self.buffers = StepBuffers(config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_blocks_per_seq, self.device)
         # ids sampled by a step, copied here (pinned, one per step parity) and read in finish()
@@ -205,7 +192,8 @@ class ModelRunner:
             if self.device.type == "cuda":  # copies out of this host set may still be pending
                 torch.cuda.current_stream(self.device).synchronize()
             raise
-        states = [self.batch.requests[r] for r in step.sample_req_ids]
+        by_row = self.batch.states
+        states = [by_row[r] for r in step.sample_rows.tolist()]
         handle = StepHandle(out, states, sampled_host, timer)
         self._handles[parity] = handle
         return handle
@@ -227,78 +215,36 @@ class ModelRunner:
             handle.finished = True
             return out
 
-    def _update_states(self, plan: StepPlan) -> list[tuple[RequestState, int]]:
+    def _update_states(self, plan: StepPlan) -> Scheduled:
         """Drops finished/preempted rows, adds new requests, applies block deltas.
-        Returns (state, num_scheduled_tokens) in plan order."""
+        Returns the scheduled rows (num_scheduled_tokens > 0) in plan order."""
+        batch = self.batch
         for req_id in (*plan.finished_req_ids, *plan.preempted_req_ids):
-            self.batch.remove(req_id)
-        scheduled = []
+            batch.remove(req_id)
+        rows, counts = [], []
         for new in plan.new_requests:
-            scheduled.append((self.batch.add(new), new.num_scheduled_tokens))
+            rows.append(batch.add(new).row)
+            counts.append(new.num_scheduled_tokens)
+        requests = batch.requests
         for cached in plan.cached_requests:
-            state = self.batch.requests.get(cached.req_id)
+            state = requests.get(cached.req_id)
             if state is None:
                 raise KeyError(f"cached request {cached.req_id} is not running on the executor")
-            self.batch.append_blocks(state, cached.new_block_ids)
-            scheduled.append((state, cached.num_scheduled_tokens))
-        return [(s, n) for s, n in scheduled if n > 0]
+            if cached.new_block_ids:
+                batch.append_blocks(state, cached.new_block_ids)
+            rows.append(state.row)
+            counts.append(cached.num_scheduled_tokens)
+        rows, counts = np.array(rows, dtype=np.int64), np.array(counts, dtype=np.int64)
+        keep = counts > 0
+        if not keep.all():
+            rows, counts = rows[keep], counts[keep]
+        return Scheduled(rows, counts)
 
-    def _prepare(self, scheduled: list[tuple[RequestState, int]]) -> _Step:
-        """Writes the step's inputs into the host buffers and advances num_computed_tokens.
+    def _prepare(self, scheduled: Scheduled) -> PreparedStep:
+        """Writes the step's inputs into the host buffers, advances the rows (step_inputs.py)."""
+        return prepare_step(self.batch, self.buffers, scheduled, self.limits)
 
-        Tokens of a request in this step, positions start..end:
-            |-- known (sent by the scheduler) --|-- last sampled (device) --|
-            start                        len(token_ids)                    end
-        The second region is at most one token (decode), taken from the device.
-        """
-        buf, batch, bs = self.buffers, self.batch, self.block_size
-        num_tokens = sum(n for _, n in scheduled)
-        if num_tokens > self.config.max_num_batched_tokens or len(scheduled) > self.config.max_num_seqs:
-            raise ValueError(f"step too large: {len(scheduled)} requests, {num_tokens} tokens")
-        off = num_sample = 0
-        sample_req_ids, max_query_len, max_seq_len = [], 0, 0
-        buf.query_start_loc.np[0] = 0
-        for i, (state, n) in enumerate(scheduled):
-            start, end, num_known = state.num_computed_tokens, state.num_computed_tokens + n, len(state.token_ids)
-            if end > min(state.num_blocks * bs, self.max_model_len):
-                raise ValueError(f"request {state.req_id}: {end} tokens exceed its blocks or max_model_len")
-            k = max(0, min(end, num_known) - start)  # known tokens in this chunk
-            if n - k > 1 or (n > k and k > 0):  # the unknown token can only be a lone decode token
-                raise ValueError(f"request {state.req_id}: scheduled past its known tokens + 1")
-            pos = np.arange(start, end)
-            buf.positions.np[off:off + n] = pos
-            buf.input_ids.np[off:off + k] = state.token_ids[start:start + k]
-            buf.input_ids.np[off + k:off + n] = 0
-            buf.use_last.np[off:off + n] = False
-            buf.use_last.np[off + k:off + n] = True
-            buf.src_rows.np[off:off + n] = state.row
-            row_table = batch.block_table[state.row]
-            buf.slot_mapping.np[off:off + n] = row_table[pos // bs].astype(np.int64) * bs + pos % bs
-            buf.block_tables.np[i] = row_table
-            buf.seq_lens.np[i] = end
-            buf.query_start_loc.np[i + 1] = off + n
-            if end >= num_known:  # completed its known tokens: sample the token at position `end`
-                self._prepare_sample_row(num_sample, state, off + n - 1, end)
-                sample_req_ids.append(state.req_id)
-                num_sample += 1
-            state.num_computed_tokens = end
-            max_query_len, max_seq_len = max(max_query_len, n), max(max_seq_len, end)
-            off += n
-        temps = buf.temperature.np[:num_sample]
-        cutting = (buf.top_k.np[:num_sample] > 0) | (buf.top_p.np[:num_sample] < 1.0)
-        return _Step(len(scheduled), num_tokens, num_sample, sample_req_ids, max_query_len,
-                     max_seq_len, all_greedy=bool((temps == 0).all()),
-                     need_top_k_top_p=bool((cutting & (temps > 0)).any()))
-
-    def _prepare_sample_row(self, j: int, state: RequestState, token_index: int, position: int) -> None:
-        buf, batch, row = self.buffers, self.batch, state.row
-        buf.logits_indices.np[j] = token_index
-        buf.sample_rows.np[j] = row
-        buf.temperature.np[j], buf.top_k.np[j], buf.top_p.np[j] = batch.temperature[row], batch.top_k[row], batch.top_p[row]
-        buf.seeds.np[j] = batch.seed[row]
-        buf.sample_positions.np[j] = position
-
-    def _copy_inputs(self, step: _Step, graph_size: int) -> AttentionMetadata:
+    def _copy_inputs(self, step: PreparedStep, graph_size: int) -> AttentionMetadata:
         """Copies the first rows of every buffer to the device (padding to graph_size if set)."""
         buf = self.buffers
         t = b = step.num_tokens if not graph_size else graph_size
@@ -308,13 +254,11 @@ class ModelRunner:
             b = step.num_reqs
         for twin in (buf.input_ids, buf.use_last, buf.src_rows, buf.positions):
             twin.copy_to_device(t)
+        buf.small.copy_to_device()  # seq lens, query offsets and the sampling rows: one copy
         n = step.num_sample
-        for twin in (buf.logits_indices, buf.sample_rows, buf.temperature, buf.top_k, buf.top_p,
-                     buf.seeds, buf.sample_positions):
-            twin.copy_to_device(n)
         return AttentionMetadata(
             slot_mapping=buf.slot_mapping.copy_to_device(t), block_tables=buf.block_tables.copy_to_device(b),
-            seq_lens=buf.seq_lens.copy_to_device(b), query_start_loc=buf.query_start_loc.copy_to_device(b + 1),
+            seq_lens=buf.seq_lens.gpu[:b], query_start_loc=buf.query_start_loc.gpu[:b + 1],
             max_query_len=step.max_query_len, max_seq_len=step.max_seq_len, is_decode=step.is_decode,
             logits_indices=buf.logits_indices.gpu[:n])
 
@@ -324,7 +268,7 @@ class ModelRunner:
         last = self.batch.last_sampled_gpu[buf.src_rows.gpu[:num_tokens]]
         return torch.where(buf.use_last.gpu[:num_tokens], last, buf.input_ids.gpu[:num_tokens])
 
-    def _forward(self, step: _Step, attn: AttentionMetadata, graph_size: int) -> torch.Tensor:
+    def _forward(self, step: PreparedStep, attn: AttentionMetadata, graph_size: int) -> torch.Tensor:
         if graph_size:
             logits = self.graphs.replay(graph_size)  # [graph_size, V] model dtype
             return logits[attn.logits_indices].float()
@@ -332,7 +276,7 @@ class ModelRunner:
         hidden = self.model(self.input_tokens(t), self.buffers.positions.gpu[:t], attn, self.kv_caches)
         return self.model.compute_logits(hidden[attn.logits_indices])
 
-    def _sample(self, step: _Step, logits: torch.Tensor, sampled_host: torch.Tensor) -> None:
+    def _sample(self, step: PreparedStep, logits: torch.Tensor, sampled_host: torch.Tensor) -> None:
         """Samples [N] ids, stores them as the rows' last tokens on the device and enqueues
         their copy into the (pinned) host buffer; finish() reads them after the event."""
         buf, n = self.buffers, step.num_sample

@@ -1,0 +1,126 @@
+"""prepare_step (vectorized over rows) equals a straightforward per-request construction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from executor_svc.input_batch import InputBatch, StepBuffers, TwinGroup
+from executor_svc.plan import NewRequest, SamplingParams
+from executor_svc.step_inputs import Limits, Scheduled, prepare_step
+
+BS, MAX_BLOCKS, SEQS, TOKENS = 4, 16, 32, 256
+LIMITS = Limits(block_size=BS, max_model_len=60, max_num_seqs=SEQS, max_num_tokens=TOKENS)
+CPU = torch.device("cpu")
+
+
+def reference(batch: InputBatch, rows, counts) -> dict:
+    """The per-request loop: every buffer prefix a step writes, and the step facts."""
+    ids, use_last, src, pos_all, slots = [], [], [], [], []
+    seq_lens, qsl, tables, samp = [], [0], [], []
+    for row, n in zip(rows, counts):
+        state = batch.states[row]
+        start, num_known = int(batch.num_computed[row]), len(state.token_ids)
+        end = start + n
+        k = max(0, min(end, num_known) - start)
+        pos = np.arange(start, end)
+        ids += list(state.token_ids[start:start + k]) + [0] * (n - k)
+        use_last += [False] * k + [True] * (n - k)
+        src += [row] * n
+        pos_all += list(pos)
+        slots += list(batch.block_table[row][pos // BS].astype(np.int64) * BS + pos % BS)
+        tables.append(batch.block_table[row].copy())
+        seq_lens.append(end)
+        qsl.append(qsl[-1] + n)
+        if end >= num_known:
+            samp.append((qsl[-1] - 1, row, batch.temperature[row], batch.top_k[row], batch.top_p[row],
+                         batch.seed[row], end))
+    cols = list(zip(*samp)) if samp else [[]] * 7
+    return dict(input_ids=ids, use_last=use_last, src_rows=src, positions=pos_all, slot_mapping=slots,
+                seq_lens=seq_lens, query_start_loc=qsl, block_tables=np.array(tables),
+                logits_indices=cols[0], sample_rows=cols[1], temperature=cols[2], top_k=cols[3],
+                top_p=cols[4], seeds=cols[5], sample_positions=cols[6])
+
+
+def random_batch(rng, num_reqs: int) -> InputBatch:
+    batch = InputBatch(SEQS, MAX_BLOCKS, CPU)
+    for req_id in rng.permutation(100)[:num_reqs].tolist():
+        num_known = int(rng.integers(3, 50))
+        computed = int(rng.integers(0, num_known + 1))
+        blocks = rng.permutation(np.arange(1, 200))[: -(-(num_known + 3) // BS)].tolist()
+        params = SamplingParams(temperature=float(rng.choice([0.0, 0.8])), top_k=int(rng.choice([0, 5])),
+                                top_p=float(rng.choice([1.0, 0.9])), seed=int(rng.integers(0, 1 << 40)))
+        batch.add(NewRequest(req_id, rng.integers(2, 1000, num_known).tolist(), params, blocks, computed, 0))
+    return batch
+
+
+def random_step(rng, batch: InputBatch, all_decode: bool):
+    rows, counts = [], []
+    for row in rng.permutation([s.row for s in batch.requests.values()]).tolist():
+        left = int(batch.num_known[row] - batch.num_computed[row])  # known tokens not computed
+        if left <= 0:
+            rows.append(row), counts.append(1)  # decode: the last sampled token
+        elif not all_decode and rng.random() < 0.8:
+            rows.append(row), counts.append(int(rng.integers(1, left + 1)))  # a (maybe final) chunk
+    return rows, counts
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_prepare_step_equals_per_request_loop(seed):
+    rng = np.random.default_rng(seed)
+    batch = random_batch(rng, int(rng.integers(1, SEQS + 1)))
+    if seed % 3 == 0:  # pure decode: the fast path
+        batch.num_computed[:] = batch.num_known
+    buf = StepBuffers(SEQS, TOKENS, MAX_BLOCKS, CPU)
+    for step in range(3):
+        rows, counts = random_step(rng, batch, all_decode=seed % 3 == 0)
+        if not rows:
+            break
+        want = reference(batch, rows, counts)
+        before = batch.num_computed.copy()
+        got = prepare_step(batch, buf, Scheduled(np.array(rows), np.array(counts)), LIMITS)
+        t, b, ns = sum(counts), len(rows), len(want["sample_rows"])
+        assert (got.num_reqs, got.num_tokens, got.num_sample) == (b, t, ns)
+        assert got.is_decode == (t == b)
+        assert got.sample_rows.tolist() == list(want["sample_rows"])
+        assert (got.max_query_len, got.max_seq_len) == (max(counts), max(want["seq_lens"]))
+        temps, cut = np.array(want["temperature"]), (np.array(want["top_k"]) > 0) | (np.array(want["top_p"]) < 1)
+        assert got.all_greedy == bool((temps == 0).all())
+        assert got.need_top_k_top_p == bool((cut & (temps > 0)).any())
+        size = {"input_ids": t, "use_last": t, "src_rows": t, "positions": t, "slot_mapping": t,
+                "seq_lens": b, "query_start_loc": b + 1, "block_tables": b}
+        for name, value in want.items():
+            np.testing.assert_array_equal(getattr(buf, name).np[:size.get(name, ns)], np.array(value), err_msg=name)
+        before[rows] += counts
+        np.testing.assert_array_equal(batch.num_computed, before)
+
+
+def test_bad_steps_raise_and_change_nothing():
+    rng = np.random.default_rng(0)
+    batch = random_batch(rng, 4)
+    buf = StepBuffers(SEQS, TOKENS, MAX_BLOCKS, CPU)
+    batch.num_computed[:] = batch.num_known - 2  # two known tokens left each
+    rows = np.array([s.row for s in batch.requests.values()])
+    one, three = np.ones(4, dtype=np.int64), np.array([1, 1, 1, 3])
+    computed = batch.num_computed.copy()
+    bad = [(rows, three, "known tokens"), (np.array([rows[0], rows[0]]), one[:2], "twice"),
+           (rows, np.full(4, 100), "step too large"), (rows, one, "exceed its blocks")]
+    for r, n, message in bad:
+        if message == "exceed its blocks":
+            batch.num_blocks[rows[2]] = 0
+        with pytest.raises(ValueError, match=message):
+            prepare_step(batch, buf, Scheduled(r, n), LIMITS)
+        np.testing.assert_array_equal(batch.num_computed, computed)
+
+
+def test_small_group_members_are_views_of_one_buffer():
+    buf = StepBuffers(SEQS, TOKENS, MAX_BLOCKS, CPU)
+    assert buf.top_p.np[:SEQS].tolist() == [1.0] * SEQS and not buf.seeds.np.any()
+    buf.seeds.np[3] = 7
+    base = buf.small.cpu.data_ptr()
+    for twin in buf.small.twins.values():
+        assert base <= twin.cpu.data_ptr() < base + buf.small.cpu.numel() and twin.gpu is twin.cpu
+        assert (twin.cpu.data_ptr() - base) % TwinGroup.ALIGN == 0
+    assert buf.seeds.cpu[3].item() == 7
+
