@@ -1,15 +1,8 @@
-"""The engine: the scheduler core and the executor stream on their own thread, fanned out to
-the API's request streams.
+"""The API side of the engine: one output queue per request, fed by the engine core process.
 
-Two event loops, two jobs. The *core loop* (a dedicated thread) owns the scheduler core and the
-executor stream: it plans, sends, applies results and never waits behind client streams. The
-*API loop* (the gRPC server's) owns one output queue per request and streams to clients.
-They meet in three thread-safe hand-offs: add a request, abort a request (API -> core), and
-one batch of outputs per step (core -> API). With the two on one loop, hundreds of client
-streams delayed the step loop and left the GPU idle between steps.
-
-With overlap on, the core keeps one step queued at the executor: it sends step N+1 before it
-reads step N's result (decode rows carry no token ids; the executor feeds its own last sample).
+The scheduler core and the executor stream run in their own process (engine_core.py); this
+side admits and aborts requests over a pipe and fans each step's outputs out to the request
+streams. A stream that falls behind gets its queued outputs folded into fewer messages.
 """
 
 from __future__ import annotations
@@ -17,81 +10,66 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import threading
-from collections import deque
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+import multiprocessing
+from collections.abc import AsyncIterator
 
-from protos.llmserve.executor.v1 import executor_pb2 as epb
-from scheduler_svc.executor_client import ExecutorClient, ExecutorUnavailable
-from scheduler_svc.request import Request, SamplingParams
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.scheduler_output import RequestOutput, SchedulerOutput
-from scheduler_svc.wire import ExecutorInfo, sampled_from_pb
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.engine_core import ALL, CoreStats, EngineError, core_process_main
+from scheduler_svc.request import SamplingParams
+from scheduler_svc.scheduler_output import RequestOutput
+from scheduler_svc.wire import ExecutorInfo
 
 log = logging.getLogger("llmserve.engine")
-ALL = -1  # req_id of an error meant for every stream
-
-
-class EngineError(Exception):
-    """A request failed inside the engine; `code` names the gRPC status to answer with."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclass
-class StepStats:
-    """Running totals the status RPC and the benchmarks read."""
-
-    num_steps: int = 0
-    prepare_us: int = 0
-    forward_us: int = 0
-    sample_us: int = 0
-    num_graph_steps: int = 0
+__all__ = ["Engine", "EngineError"]
 
 
 class Engine:
-    """API side: `start`, `generate`, `stop`. Everything prefixed `_core` runs on the core thread."""
+    """Starts the engine core process and streams its outputs to the requests of this process."""
 
-    def __init__(self, client: ExecutorClient, make_scheduler: Callable[[ExecutorInfo], Scheduler],
-                 *, overlap: bool, connect_timeout: float, stream_interval: int = 1):
-        self._client = client
-        self._make_scheduler = make_scheduler
-        self._depth = 2 if overlap else 1
-        self._connect_timeout = connect_timeout
-        self._stream_interval = max(1, stream_interval)
+    def __init__(self, config: SchedulerConfig):
+        self._config = config
+        self._stream_interval = max(1, config.stream_interval)
         self._ids = itertools.count(1)
-        self._streams: dict[int, asyncio.Queue] = {}  # API loop only
-        self._api_loop: asyncio.AbstractEventLoop | None = None
-        self._core_loop: asyncio.AbstractEventLoop | None = None
-        self._core_task: asyncio.Task | None = None
-        self.stats = StepStats()
+        self._streams: dict[int, asyncio.Queue] = {}
+        self._conn = None
+        self._process = None
         self.info: ExecutorInfo | None = None
-        self.scheduler: Scheduler | None = None  # read-only from the API side (load figures)
-
-    # ---- API side ---------------------------------------------------------------------------
+        self.stats = CoreStats()  # as of the core's last message
+        self.core_lost = asyncio.Event()
 
     async def start(self) -> ExecutorInfo:
-        """Starts the core thread; returns once it has handshaken with the executor."""
-        self._api_loop = asyncio.get_running_loop()
-        ready = self._api_loop.create_future()
-        threading.Thread(target=self._core_thread, args=(ready,), name="engine-core", daemon=True).start()
-        return await ready
+        """Starts the core process; returns once it has handshaken with the executor."""
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe(duplex=True)
+        self._process = ctx.Process(target=core_process_main, args=(self._config, child),
+                                    name="llmserve-engine-core", daemon=True)
+        self._process.start()
+        child.close()
+        loop = asyncio.get_running_loop()
+        kind, payload = await loop.run_in_executor(None, self._conn.recv)
+        if kind != "ready":
+            raise RuntimeError(f"the engine core could not start: {payload}")
+        self.info = payload
+        loop.add_reader(self._conn.fileno(), self._on_readable)
+        return self.info
 
     def stop(self) -> None:
-        if self._core_loop is not None and self._core_task is not None:
-            self._core_loop.call_soon_threadsafe(self._core_task.cancel)
+        """Stops the core process (call from the API loop)."""
+        if self._conn is not None and not self.core_lost.is_set():
+            asyncio.get_running_loop().remove_reader(self._conn.fileno())
+        if self._process is not None and self._process.is_alive():
+            self._process.terminate()
+            self._process.join(5)
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams
                        ) -> AsyncIterator[RequestOutput]:
         """Admits a request and yields its outputs; leaving early (cancellation) aborts it."""
+        if self.core_lost.is_set():
+            raise EngineError("UNAVAILABLE", "the engine core process is gone")
         req_id = next(self._ids)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[req_id] = queue
-        self._core_loop.call_soon_threadsafe(self._core_add, Request(req_id, list(prompt_token_ids), params))
+        self._conn.send(("add", req_id, list(prompt_token_ids), params))
         finished = False
         pending: RequestOutput | None = None  # held until stream_interval tokens are ready
         try:
@@ -107,11 +85,22 @@ class Engine:
                     pending = None
         finally:
             del self._streams[req_id]
-            if not finished:
-                self._core_loop.call_soon_threadsafe(self._core_abort, req_id)
+            if not finished and not self.core_lost.is_set():
+                self._conn.send(("abort", req_id))
 
-    def _deliver(self, items: list[tuple[int, RequestOutput | EngineError]]) -> None:
-        """One step's outputs, on the API loop: each to its request's queue."""
+    def _on_readable(self) -> None:
+        """Messages from the core process: each step's outputs, to their requests' queues."""
+        try:
+            while self._conn.poll():
+                _, items, self.stats = self._conn.recv()
+                self._deliver(items)
+        except (EOFError, OSError):
+            log.error("the engine core process exited; failing %d requests", len(self._streams))
+            asyncio.get_running_loop().remove_reader(self._conn.fileno())
+            self.core_lost.set()
+            self._deliver([(ALL, EngineError("UNAVAILABLE", "the engine core process exited"))])
+
+    def _deliver(self, items: list) -> None:
         for req_id, item in items:
             if req_id == ALL:
                 for queue in self._streams.values():
@@ -120,110 +109,6 @@ class Engine:
             queue = self._streams.get(req_id)
             if queue is not None:
                 queue.put_nowait(item)
-
-    # ---- core thread ------------------------------------------------------------------------
-
-    def _core_thread(self, ready: asyncio.Future) -> None:
-        from scheduler_svc.server import run_async
-
-        run_async(self._core_main(ready))
-
-    async def _core_main(self, ready: asyncio.Future) -> None:
-        self._core_loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        self._inflight: deque[SchedulerOutput] = deque()
-        try:
-            info = await self._core_connect()
-        except BaseException as e:  # noqa: BLE001 - handed to the API side
-            self._api_loop.call_soon_threadsafe(ready.set_exception, e)
-            return
-        self._api_loop.call_soon_threadsafe(ready.set_result, info)
-        self._core_task = asyncio.current_task()
-        try:
-            await self._core_run()
-        except asyncio.CancelledError:
-            await self._client.close()
-
-    async def _core_connect(self) -> ExecutorInfo:
-        info = await self._client.connect(self._connect_timeout)
-        self.info, self.scheduler = info, self._make_scheduler(info)
-        return info
-
-    def _core_add(self, request: Request) -> None:
-        try:
-            self.scheduler.add_request(request)
-        except ValueError as e:  # validation let through a request the core can never run
-            self._publish([(request.req_id, EngineError("INVALID_ARGUMENT", str(e)))])
-        self._wake.set()
-
-    def _core_abort(self, req_id: int) -> None:
-        self.scheduler.abort_request(req_id)
-        self._wake.set()
-
-    def _publish(self, items: list) -> None:
-        if items:
-            self._api_loop.call_soon_threadsafe(self._deliver, items)
-
-    async def _core_run(self) -> None:
-        """The step loop; reconnects when the executor goes away."""
-        while True:
-            try:
-                await self._core_step_loop()
-            except ExecutorUnavailable as e:
-                log.error("executor lost: %s; failing every request and reconnecting", e)
-                self._inflight.clear()
-                self._publish([(ALL, EngineError("UNAVAILABLE", f"the executor went away: {e}"))])
-                await self._core_connect()
-
-    async def _core_step_loop(self) -> None:
-        while True:
-            if len(self._inflight) < self._depth and self.scheduler.has_work():
-                out = self.scheduler.schedule()
-                if _has_content(out):
-                    await self._client.send(out)
-                    self._inflight.append(out)
-                    continue
-            if self._inflight:
-                self._core_apply(await self._client.receive())
-                continue
-            self._wake.clear()
-            if not self.scheduler.has_work():
-                await self._wake.wait()
-            else:
-                # Work exists but nothing could be scheduled: wait for a change, not a spin.
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=0.05)
-                except asyncio.TimeoutError:
-                    pass
-
-    def _core_apply(self, result: epb.StepResult) -> None:
-        out = self._inflight.popleft()
-        if result.step_id != out.step_id:
-            raise ExecutorUnavailable(f"result for step {result.step_id}, expected {out.step_id}")
-        self._record(result)
-        if not result.error:
-            outputs = self.scheduler.update_from_output(out, sampled_from_pb(result))
-            self._publish([(o.req_id, o) for o in outputs])
-            return
-        log.error("step %d failed on the executor: %s", out.step_id, result.error)
-        items = [(o.req_id, o) for o in self.scheduler.update_from_output(out, {})]
-        error = EngineError("INTERNAL", f"the executor failed the step: {result.error}")
-        for req_id in out.scheduled_req_ids:
-            self.scheduler.abort_request(req_id)
-            items.append((req_id, error))
-        self._publish(items)
-
-    def _record(self, result: epb.StepResult) -> None:
-        s = self.stats
-        s.num_steps += 1
-        s.prepare_us += result.prepare_us
-        s.forward_us += result.forward_us
-        s.sample_us += result.sample_us
-        s.num_graph_steps += result.graph_size > 0
-
-
-def _has_content(out: SchedulerOutput) -> bool:
-    return bool(out.new_requests or out.cached_requests or out.finished_req_ids or out.preempted_req_ids)
 
 
 def _fold(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:

@@ -13,8 +13,7 @@ class _EngineCollector:
         self._engine = engine
 
     def collect(self):
-        s = self._engine.scheduler
-        stats = self._engine.stats
+        s = stats = self._engine.stats  # one snapshot from the engine core
         yield GaugeMetricFamily("llmserve_kv_blocks_free", "Free KV blocks", value=s.num_free_blocks)
         yield GaugeMetricFamily("llmserve_kv_blocks_total", "Usable KV blocks", value=s.num_total_blocks)
         yield GaugeMetricFamily("llmserve_requests_running", "Running requests", value=s.num_running)

@@ -74,14 +74,12 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
         )
 
     async def GetServerStatus(self, request, context):
-        s = self._engine.scheduler
+        s = self._engine.stats
         return pb.ServerStatus(
             total_blocks=s.num_total_blocks, free_blocks=s.num_free_blocks,
             used_blocks=s.num_total_blocks - s.num_free_blocks,
-            num_running=s.num_running, num_waiting=s.num_waiting,
-            num_steps=self._engine.stats.num_steps,
-            executor_busy_us=self._engine.stats.forward_us + self._engine.stats.sample_us,
-            num_graph_steps=self._engine.stats.num_graph_steps,
+            num_running=s.num_running, num_waiting=s.num_waiting, num_steps=s.num_steps,
+            executor_busy_us=s.forward_us + s.sample_us, num_graph_steps=s.num_graph_steps,
         )
 
     async def _admit(self, request: pb.GenerateRequest, context) -> tuple[list[int], object]:
@@ -91,7 +89,7 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
             check_prompt(prompt_ids, self._limits)
             raw = wire.raw_params_from_pb(request.params)
             params = build_sampling_params(raw, len(prompt_ids), self._limits)
-            if self._engine.scheduler.num_waiting >= self._max_waiting:
+            if self._engine.stats.num_waiting >= self._max_waiting:
                 raise RequestError("RESOURCE_EXHAUSTED",
                                    f"{self._max_waiting} requests are already waiting; retry later")
         except RequestError as e:
