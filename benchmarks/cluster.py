@@ -33,10 +33,12 @@ class Cluster:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         log_dir.mkdir(parents=True, exist_ok=True)
         self._logs = [open(log_dir / "executor.log", "w"), open(log_dir / "scheduler.log", "w")]
+        self._executor_cmd = [sys.executable, "-m", "executor_svc", "--model", str(model),
+                              "--port", str(executor_port), *executor_args]
+        self._env = env
         self.procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "executor_svc", "--model", str(model), "--port", str(executor_port), *executor_args],
-                cwd=ROOT, env=env, stdout=self._logs[0], stderr=subprocess.STDOUT),
+            subprocess.Popen(self._executor_cmd, cwd=ROOT, env=env, stdout=self._logs[0],
+                             stderr=subprocess.STDOUT),
             subprocess.Popen(
                 [sys.executable, "-m", "scheduler_svc", "--port", str(self.port),
                  "--executor-address", f"127.0.0.1:{executor_port}", *scheduler_args],
@@ -63,6 +65,13 @@ class Cluster:
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"services not serving after {timeout}s:\n{self.logs()}")
+
+    def restart_executor(self) -> None:
+        """Kills the executor process and starts a fresh one on the same port."""
+        self.procs[0].kill()
+        self.procs[0].wait()
+        self.procs[0] = subprocess.Popen(self._executor_cmd, cwd=ROOT, env=self._env,
+                                         stdout=self._logs[0], stderr=subprocess.STDOUT)
 
     def logs(self) -> str:
         return "\n".join(f"--- {f.name}\n{Path(f.name).read_text()[-4000:]}" for f in self._logs)

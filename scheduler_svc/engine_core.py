@@ -87,6 +87,7 @@ class EngineCore:
         self._inflight: deque[SchedulerOutput] = deque()
         self._tokenizers: dict[str, Tokenizer] = {}
         self._wake = asyncio.Event()
+        self._connected = False  # False while (re)connecting: new requests are refused
         self.stats = CoreStats()
         self.scheduler: Scheduler | None = None
 
@@ -98,6 +99,7 @@ class EngineCore:
             self._tokenizers[path] = Tokenizer.from_pretrained(path)
         self.scheduler = Scheduler(core_config(self._config, info), self._tokenizers[path])
         self._inflight.clear()
+        self._connected = True
         return info
 
     def on_readable(self) -> None:
@@ -117,6 +119,10 @@ class EngineCore:
         self._wake.set()
 
     def _add(self, request: Request) -> None:
+        if not self._connected:
+            self._publish([(request.req_id, EngineError(
+                "UNAVAILABLE", "the executor is unreachable; the server is reconnecting, retry later"))])
+            return
         try:
             self.scheduler.add_request(request)
         except ValueError as e:  # validation let through a request the core can never run
@@ -135,8 +141,10 @@ class EngineCore:
                 await self._step_loop()
             except ExecutorUnavailable as e:
                 log.error("executor lost: %s; failing every request and reconnecting", e)
+                self._connected = False
                 self._publish([(ALL, EngineError("UNAVAILABLE", f"the executor went away: {e}"))])
                 await self.connect()
+                log.info("executor reconnected")
 
     async def _step_loop(self) -> None:
         while True:

@@ -201,3 +201,30 @@ def test_stream_interval_groups_tokens(llama_cluster, model_dirs, tmp_path_facto
         assert messages[-1].finish_reason == pb.FINISH_REASON_LENGTH
     finally:
         grouped.stop()
+
+
+def test_executor_restart_fails_streams_then_recovers(model_dirs, tmp_path_factory):
+    cluster = start_cluster(tmp_path_factory, model_dirs["llama"], "restart")
+    try:
+        long_req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 6, 7]), params=pb.SamplingParams(
+            max_tokens=1500, temperature=0.0, ignore_eos=True))
+        call = cluster.stub.Generate(long_req, timeout=60)
+        next(call)  # streaming has started
+        cluster.restart_executor()
+        with pytest.raises(grpc.RpcError) as err:
+            list(call)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        deadline = time.monotonic() + 60
+        while True:  # refused with UNAVAILABLE until the new executor is up, then served again
+            try:
+                ids, _, last = generate(cluster.stub, prompt_ids=[5, 6, 7], max_tokens=5, temperature=0.0,
+                                        ignore_eos=True, timeout=30)
+                break
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline
+                time.sleep(0.5)
+        assert len(ids) == 5 and last.finish_reason == pb.FINISH_REASON_LENGTH
+        status = cluster.wait_idle()
+        assert status.free_blocks == status.total_blocks
+    finally:
+        cluster.stop()
