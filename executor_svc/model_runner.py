@@ -182,7 +182,7 @@ class ModelRunner:
             out.prepare_us = int((time.perf_counter() - t0) * 1e6)
             out.graph_size = graph_size
             timer.mark()
-            logits = self._forward(step, attn, graph_size)  # [N, V] float32
+            logits = self._forward(step, attn, graph_size)  # [N, V] float32 or the model dtype
             timer.mark()
             sampled_host = self._sampled_host[parity][:step.num_sample]
             if step.num_sample:
@@ -271,7 +271,7 @@ class ModelRunner:
     def _forward(self, step: PreparedStep, attn: AttentionMetadata, graph_size: int) -> torch.Tensor:
         if graph_size:
             logits = self.graphs.replay(graph_size)  # [graph_size, V] model dtype
-            return logits[attn.logits_indices].float()
+            return logits[attn.logits_indices]  # model dtype: the sampler reads it once
         t = step.num_tokens
         hidden = self.model(self.input_tokens(t), self.buffers.positions.gpu[:t], attn, self.kv_caches)
         return self.model.compute_logits(hidden[attn.logits_indices])

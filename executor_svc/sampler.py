@@ -46,12 +46,16 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 
 
 def sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
-    """logits [N, V] float32 -> sampled token ids [N] int64 (greedy where temperature == 0)."""
-    if params.all_greedy:
-        return logits.argmax(dim=-1)
+    """logits [N, V] (float32 or the model dtype) -> sampled token ids [N] int64 (greedy where
+    temperature == 0)."""
     temperature = params.temperature
+    if params.all_greedy and not logits.is_cuda:
+        return logits.argmax(dim=-1)  # the torch reference would draw noise only to ignore it
     if not params.need_top_k_top_p:
+        # One fused pass over the logits on CUDA (its multi-program argmax also beats torch's
+        # single-block argmax over a large vocabulary for greedy rows).
         return kernels.gumbel_sample(logits, temperature, params.seeds, params.positions)
+    logits = logits.float()
     # Cut the scaled logits, then sample at temperature 1 (x / 1 is exact, so this is the same
     # argmax as cutting and sampling in one place). Greedy rows take the argmax of the ORIGINAL
     # logits: the cut keeps one best token, but on tied maxima the sort may keep a later index,
