@@ -3,8 +3,11 @@ from kernels/reference.py (per-position slot lookup + torch SDPA with an explici
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 
@@ -113,3 +116,13 @@ def gumbel_case(n: int, vocab: int, seed: int = 0):
     seeds[0] = (1 << 63) - 1
     positions = torch.randint(0, 1 << 20, (n,), generator=gen)
     return logits, temperature, seeds, positions
+
+
+ON_CUDA = torch.cuda.is_available()
+# Triton tests run on CUDA; on CPU only under TRITON_INTERPRET=1 (the Triton interpreter).
+INTERPRET = not ON_CUDA and os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton")
+DEVICE = "cuda" if ON_CUDA else "cpu"
+TRITON_MARKS = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not (ON_CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1 with triton)"),
+]
