@@ -14,13 +14,20 @@ def tiny_runner(tmp_path_factory):
     from tests.executor.cuda_helpers import cuda_runner
 
     path = build_random_model(tmp_path_factory.mktemp("m") / "tiny", "tiny-llama")
-    return cuda_runner(path, dtype="float32", cuda_graph_sizes=(1, 2, 4, 8), num_kv_blocks=512)
+    return cuda_runner(path, dtype="float32", max_num_seqs=64, cuda_graph_sizes=GRAPH_SIZES,
+                       num_kv_blocks=64 * 16 + 1)
 
 
-@pytest.mark.parametrize("num_reqs,graph_size", [(1, 1), (3, 4), (8, 8)])
-def test_graph_tokens_equal_eager(tiny_runner, num_reqs, graph_size):
+GRAPH_SIZES = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)  # the default sizes for 64 rows
+
+
+@pytest.mark.parametrize("graph_size", GRAPH_SIZES)
+def test_graph_tokens_equal_eager_for_every_captured_size(tiny_runner, graph_size):
+    """Each size replayed with its padded rows: one more request than the size below it."""
     from tests.executor.cuda_helpers import check_graph_tokens_equal_eager
 
+    i = GRAPH_SIZES.index(graph_size)
+    num_reqs = GRAPH_SIZES[i - 1] + 1 if i else 1
     assert check_graph_tokens_equal_eager(tiny_runner, num_reqs) == graph_size
 
 
