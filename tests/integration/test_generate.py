@@ -4,12 +4,13 @@ import concurrent.futures as cf
 import random
 import threading
 import time
+import urllib.request
 
 import grpc
 import pytest
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
-from benchmarks.cluster import generate
+from benchmarks.cluster import free_port, generate
 from tests.integration.conftest import start_cluster
 
 
@@ -187,9 +188,10 @@ def test_overlap_off_gives_identical_outputs(llama_cluster, model_dirs, tmp_path
         sync.stop()
 
 
-def test_stream_interval_groups_tokens(llama_cluster, model_dirs, tmp_path_factory):
+def test_stream_interval_groups_tokens_and_metrics(llama_cluster, model_dirs, tmp_path_factory):
+    metrics_port = free_port()
     grouped = start_cluster(tmp_path_factory, model_dirs["llama"], "interval",
-                            scheduler_args=["--stream-interval", "4"])
+                            scheduler_args=["--stream-interval", "4", "--metrics-port", str(metrics_port)])
     try:
         req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 9, 11, 13]), params=pb.SamplingParams(
             max_tokens=14, temperature=0.0, ignore_eos=True))
@@ -199,6 +201,10 @@ def test_stream_interval_groups_tokens(llama_cluster, model_dirs, tmp_path_facto
         assert [t for m in messages for t in m.token_ids] == [t for m in reference for t in m.token_ids]
         assert "".join(m.text for m in messages) == "".join(m.text for m in reference)
         assert messages[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        status = grouped.wait_idle()
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        assert f"llmserve_kv_blocks_total {float(status.total_blocks)}" in metrics
+        assert f"llmserve_steps_total {float(status.num_steps)}" in metrics
     finally:
         grouped.stop()
 
