@@ -234,6 +234,11 @@ class ModelRunner:
                 batch.append_blocks(state, cached.new_block_ids)
             rows.append(state.row)
             counts.append(cached.num_scheduled_tokens)
+        try:
+            rows += [requests[req_id].row for req_id in plan.decode_req_ids]
+        except KeyError as e:
+            raise KeyError(f"decode request {e.args[0]} is not running on the executor") from None
+        counts += [1] * len(plan.decode_req_ids)
         rows, counts = np.array(rows, dtype=np.int64), np.array(counts, dtype=np.int64)
         keep = counts > 0
         if not keep.all():

@@ -46,6 +46,7 @@ class StepPlan:
     cached_requests: list[CachedRequest] = field(default_factory=list)
     finished_req_ids: list[int] = field(default_factory=list)  # forget (finished or aborted)
     preempted_req_ids: list[int] = field(default_factory=list)  # forget; resent in full later
+    decode_req_ids: list[int] = field(default_factory=list)  # held rows computing one token, no new block
 
 
 @dataclass

@@ -22,6 +22,7 @@ def plan_from_pb(msg: pb.StepPlan) -> StepPlan:
             CachedRequest(req_id=r.req_id, new_block_ids=list(r.new_block_ids),
                           num_scheduled_tokens=r.num_scheduled_tokens)
             for r in msg.cached_requests],
+        decode_req_ids=list(msg.decode_req_ids),
         finished_req_ids=list(msg.finished_req_ids),
         preempted_req_ids=list(msg.preempted_req_ids),
     )
@@ -43,6 +44,7 @@ def plan_to_pb(plan: StepPlan) -> pb.StepPlan:
             pb.CachedRequest(req_id=r.req_id, new_block_ids=r.new_block_ids,
                              num_scheduled_tokens=r.num_scheduled_tokens)
             for r in plan.cached_requests],
+        decode_req_ids=plan.decode_req_ids,
         finished_req_ids=plan.finished_req_ids, preempted_req_ids=plan.preempted_req_ids,
     )
 

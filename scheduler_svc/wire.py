@@ -61,6 +61,10 @@ def plan_to_pb(out: SchedulerOutput) -> epb.StepPlan:
                 num_scheduled_tokens=r.num_scheduled_tokens,
             )
             for r in out.cached_requests
+            if r.new_block_ids or r.num_scheduled_tokens != 1
+        ],
+        decode_req_ids=[
+            r.req_id for r in out.cached_requests if not r.new_block_ids and r.num_scheduled_tokens == 1
         ],
         finished_req_ids=out.finished_req_ids,
         preempted_req_ids=out.preempted_req_ids,

@@ -77,18 +77,20 @@ class CachedRequest(_message.Message):
     def __init__(self, req_id: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[int] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_requests", "cached_requests", "finished_req_ids", "preempted_req_ids")
+    __slots__ = ("step_id", "new_requests", "cached_requests", "finished_req_ids", "preempted_req_ids", "decode_req_ids")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_requests: _containers.RepeatedCompositeFieldContainer[CachedRequest]
     finished_req_ids: _containers.RepeatedScalarFieldContainer[int]
     preempted_req_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., finished_req_ids: _Optional[_Iterable[int]] = ..., preempted_req_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    decode_req_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., finished_req_ids: _Optional[_Iterable[int]] = ..., preempted_req_ids: _Optional[_Iterable[int]] = ..., decode_req_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("step_id", "req_ids", "token_ids", "prepare_us", "forward_us", "sample_us", "graph_size", "error")
