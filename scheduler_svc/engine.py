@@ -14,7 +14,7 @@ import multiprocessing
 from collections.abc import AsyncIterator
 
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.engine_core import ALL, CoreStats, EngineError, core_process_main
+from scheduler_svc.engine_core import ALL, CoreStats, EngineError, core_process_main, decode_output
 from scheduler_svc.request import SamplingParams
 from scheduler_svc.scheduler_output import RequestOutput
 from scheduler_svc.wire import ExecutorInfo
@@ -92,8 +92,10 @@ class Engine:
         """Messages from the core process: each step's outputs, to their requests' queues."""
         try:
             while self._conn.poll():
-                _, items, self.stats = self._conn.recv()
-                self._deliver(items)
+                _, outputs, errors, stats = self._conn.recv()
+                self.stats = CoreStats(*stats)
+                self._deliver([(t[0], decode_output(t)) for t in outputs])
+                self._deliver(errors)
         except (EOFError, OSError):
             log.error("the engine core process exited; failing %d requests", len(self._streams))
             asyncio.get_running_loop().remove_reader(self._conn.fileno())

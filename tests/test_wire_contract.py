@@ -52,3 +52,12 @@ def test_unset_optional_params_stay_unset():
     assert (raw.max_tokens, raw.temperature, raw.top_p, raw.seed, raw.top_k) == (None, None, None, None, 3)
     raw = wire.raw_params_from_pb(pb.SamplingParams(max_tokens=0, temperature=0.0, seed=0))
     assert (raw.max_tokens, raw.temperature, raw.seed) == (0, 0.0, 0)
+
+
+def test_outputs_cross_the_engine_core_pipe_unchanged():
+    from scheduler_svc.engine_core import decode_output, encode_output
+
+    for o in [RequestOutput(3, [1, 2], "ab", None, "", 5, 2),
+              RequestOutput(3, [9], "", FinishReason.STOP, "</s>", 5, 3),
+              RequestOutput(4, [], "", FinishReason.CANCELLED, "", 1, 0)]:
+        assert decode_output(encode_output(o)) == o
