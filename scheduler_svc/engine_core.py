@@ -30,7 +30,7 @@ from protos.llmserve.executor.v1 import executor_pb2 as epb
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.executor_client import ExecutorClient, ExecutorUnavailable
 from scheduler_svc.request import Request
-from scheduler_svc.scheduler import Scheduler, SchedulerCoreConfig
+from scheduler_svc.scheduler import Scheduler, SchedulerCoreConfig, StepResultError
 from scheduler_svc.request import FinishReason
 from scheduler_svc.scheduler_output import RequestOutput, SchedulerOutput
 from scheduler_svc.tokenizer import Tokenizer
@@ -153,8 +153,8 @@ class EngineCore:
         while True:
             try:
                 await self._step_loop()
-            except ExecutorUnavailable as e:
-                log.error("executor lost: %s; failing every request and reconnecting", e)
+            except (ExecutorUnavailable, StepResultError) as e:
+                log.error("executor lost or out of step: %s; failing every request and reconnecting", e)
                 self._connected = False
                 self._publish(errors=[(ALL, EngineError("UNAVAILABLE", f"the executor went away: {e}"))])
                 await self.connect()
@@ -190,11 +190,11 @@ class EngineCore:
             self._publish(self.scheduler.update_from_output(out, sampled_from_pb(result)))
             return
         log.error("step %d failed on the executor: %s", out.step_id, result.error)
-        outputs = self.scheduler.update_from_output(out, {})
         error = EngineError("INTERNAL", f"the executor failed the step: {result.error}")
         for req_id in out.scheduled_req_ids:
-            self.scheduler.abort_request(req_id)
-        self._publish(outputs, [(req_id, error) for req_id in out.scheduled_req_ids])
+            self.scheduler.abort_request(req_id)  # before the update: their tokens are not coming
+        self.scheduler.update_from_output(out, {})
+        self._publish(errors=[(req_id, error) for req_id in out.scheduled_req_ids])
 
     def _record(self, result: epb.StepResult) -> None:
         s = self.stats

@@ -19,6 +19,10 @@ from .stop import StopStringMatcher, length_reached, process_token
 from .tokenizer import Tokenizer
 
 
+class StepResultError(RuntimeError):
+    """A step result that breaks the protocol (a row that had to sample got no token)."""
+
+
 @dataclass(frozen=True)
 class SchedulerCoreConfig:
     """What the scheduler core needs; built from the executor handshake and the flags."""
@@ -234,16 +238,24 @@ class Scheduler:
             raise RuntimeError(f"step {output.step_id} applied out of order; "
                                f"in flight: {list(self._inflight_step_ids)}")
         self._inflight_step_ids.popleft()
-        outputs = []
+        outputs, missing = [], []
         for req_id in output.scheduled_req_ids:
             request = self.requests[req_id]
+            # Each step in flight adds at most one pending token, and non-sampling steps
+            # (partial prefill chunks) come before sampling ones: this oldest step sampled
+            # exactly when every step in flight did.
+            should_sample = request.num_pending_tokens == request.num_inflight_steps
             request.num_inflight_steps -= 1
             token_id = sampled.get(req_id)
             if token_id is not None and request.num_pending_tokens > 0:
                 request.num_pending_tokens -= 1
                 if not request.is_finished:
                     outputs.append(self._append_token(request, token_id))
+            elif token_id is None and should_sample and request.status is RequestStatus.RUNNING:
+                missing.append(req_id)
             self._release_blocks(request)
+        if missing:
+            raise StepResultError(f"step {output.step_id} returned no token for requests {missing[:8]}")
         return outputs
 
     def _append_token(self, request: Request, token_id: int) -> RequestOutput:

@@ -160,3 +160,17 @@ def test_rejects_requests_that_can_never_run():
     s.add_request(req(3, [1] * 6, max_tokens=3))  # 8 slots: the last token is never fed back
     with pytest.raises(ValueError):
         s.add_request(req(3, [1]))  # duplicate id
+
+
+def test_a_result_missing_a_due_token_is_an_error_but_a_partial_chunk_needs_none():
+    from scheduler_svc.scheduler import StepResultError
+
+    s = make_scheduler(block_size=4, max_num_batched_tokens=6, long_prefill_token_threshold=0)
+    s.add_request(req(0, list(range(1, 10))))  # 9 tokens: a 6-token chunk, then 3 more
+    first = s.schedule()
+    assert rows(first) == [(0, 6, [1, 2])]
+    assert s.update_from_output(first, {}) == []  # partial chunk: no token due
+    second = s.schedule()
+    assert rows(second) == [(0, 3, [3])]
+    with pytest.raises(StepResultError, match="no token for requests \\[0\\]"):
+        s.update_from_output(second, {})
