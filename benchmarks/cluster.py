@@ -28,12 +28,12 @@ class Cluster:
     """An executor and a scheduler process serving one model folder."""
 
     def __init__(self, model: Path, log_dir: Path, executor_args=(), scheduler_args=(),
-                 timeout: float = 120):
+                 timeout: float = 120, executor_module: str = "executor_svc"):
         self.port, executor_port = free_port(), free_port()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         log_dir.mkdir(parents=True, exist_ok=True)
         self._logs = [open(log_dir / "executor.log", "w"), open(log_dir / "scheduler.log", "w")]
-        self._executor_cmd = [sys.executable, "-m", "executor_svc", "--model", str(model),
+        self._executor_cmd = [sys.executable, "-m", executor_module, "--model", str(model),
                               "--port", str(executor_port), *executor_args]
         self._env = env
         self.procs = [

@@ -1,0 +1,54 @@
+"""The scheduler process's own ceiling, on any CPU machine: both scheduler processes against
+benchmarks/fake_executor.py (a fixed time per step), loaded by the gRPC client.
+
+    python -m benchmarks.scheduler_only [--workload w3] [--step-ms 4] [--stream-interval 1]
+
+Prints output tokens/s and what a perfectly fed executor would give (steps x step time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from benchmarks import workloads
+from benchmarks.client import load
+from benchmarks.cluster import Cluster
+
+
+def run(workload_name: str, step_ms: float, stream_interval: int, num_requests: int | None = None) -> dict:
+    from executor_svc.random_model import build_tokenizer
+
+    tmp = Path(tempfile.mkdtemp(prefix="llmserve-fake-"))
+    build_tokenizer(tmp, 1024, 4096)
+    workload = getattr(workloads, workload_name)()
+    if num_requests:
+        workload = workload[:num_requests]
+    workload = [([3 + t % 1000 for t in prompt], n) for prompt, n in workload]  # fit the fake vocab
+    cluster = Cluster(tmp, tmp / "logs", ["--step-ms", str(step_ms)],
+                      ["--stream-interval", str(stream_interval)], executor_module="benchmarks.fake_executor")
+    try:
+        load(cluster.address, [([5, 6, 7], 4)] * 4)  # warm-up
+        before = cluster.status()
+        r = load(cluster.address, workload)
+        steps = cluster.status().num_steps - before.num_steps
+    finally:
+        cluster.stop()
+    return dict(tokens=r.output_tokens, tok_s=r.tokens_per_s, wall_s=r.wall_s, steps=steps,
+                ideal_tok_s=r.output_tokens / (steps * step_ms / 1e3))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workload", default="w3", choices=["w1", "w2", "w3"])
+    p.add_argument("--step-ms", type=float, default=4.0)
+    p.add_argument("--stream-interval", type=int, default=1)
+    args = p.parse_args()
+    r = run(args.workload, args.step_ms, args.stream_interval)
+    print(f"{args.workload}: {r['tok_s']:,.0f} tok/s over {r['steps']} steps "
+          f"(a perfectly fed {args.step_ms} ms executor: {r['ideal_tok_s']:,.0f} tok/s)")
+
+
+if __name__ == "__main__":
+    main()
