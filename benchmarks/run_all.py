@@ -9,6 +9,7 @@ the last thing printed is the table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -38,8 +39,8 @@ def runner_for(shape: str, **overrides):
     from executor_svc.config import ExecutorConfig
     from executor_svc.model_runner import ModelRunner
 
-    config = ExecutorConfig.from_args(["--model", str(model_path(shape)), "--device", "cuda"])
-    config = type(config)(**{**config.__dict__, **overrides})
+    config = dataclasses.replace(
+        ExecutorConfig.from_args(["--model", str(model_path(shape)), "--device", "cuda"]), **overrides)
     t = time.perf_counter()
     runner = ModelRunner(config)
     return runner, time.perf_counter() - t
