@@ -213,6 +213,7 @@ async def _core_main(config: SchedulerConfig, conn: Connection) -> None:
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
     conn.send(("ready", info))
+    core._publish()  # the status RPC has real figures before the first request
     asyncio.get_running_loop().add_reader(conn.fileno(), core.on_readable)
     await core.run()
 

@@ -234,3 +234,42 @@ def test_executor_restart_fails_streams_then_recovers(model_dirs, tmp_path_facto
         assert status.free_blocks == status.total_blocks
     finally:
         cluster.stop()
+
+
+def test_cancellation_storm_leaks_nothing_and_harms_no_other_request(llama_cluster, hf_greedy):
+    stub = llama_cluster.stub
+    base = llama_cluster.wait_idle()
+    rng = random.Random(5)
+    prompts = _prompts(32, seed=6, lo=5, hi=60)
+    calls = [stub.Generate(pb.GenerateRequest(token_ids=pb.TokenIds(ids=p), params=pb.SamplingParams(
+        max_tokens=400, temperature=0.0, ignore_eos=True))) for p in prompts[:24]]
+
+    def consume_then_cancel(call, after):
+        got = 0
+        for msg in call:
+            got += len(msg.token_ids)
+            if got >= after:
+                call.cancel()
+                return
+
+    with cf.ThreadPoolExecutor(32) as pool:
+        cancels = [pool.submit(consume_then_cancel, c, rng.randint(1, 40)) for c in calls]
+        kept = [pool.submit(generate, stub, prompt_ids=p, max_tokens=12, temperature=0.0, ignore_eos=True)
+                for p in prompts[24:]]
+        for f in cancels:
+            f.result()
+        kept_ids = [f.result()[0] for f in kept]
+    for p, ids in zip(prompts[24:], kept_ids):
+        ref = hf_greedy("llama", p, 12)  # transformers stops at EOS; ours ignores it
+        assert len(ids) == 12 and ids[: len(ref)] == ref
+    after = llama_cluster.wait_idle()
+    assert (after.free_blocks, after.num_running, after.num_waiting) == (base.free_blocks, 0, 0)
+
+
+def test_status_of_a_fresh_server(model_dirs, tmp_path_factory):
+    fresh = start_cluster(tmp_path_factory, model_dirs["qwen2"], "fresh", executor_args=["--num-kv-blocks", "50"])
+    try:
+        s = fresh.status()
+        assert (s.total_blocks, s.free_blocks, s.used_blocks, s.num_running, s.num_waiting) == (49, 49, 0, 0, 0)
+    finally:
+        fresh.stop()
