@@ -266,10 +266,20 @@ def test_cancellation_storm_leaks_nothing_and_harms_no_other_request(llama_clust
     assert (after.free_blocks, after.num_running, after.num_waiting) == (base.free_blocks, 0, 0)
 
 
-def test_status_of_a_fresh_server(model_dirs, tmp_path_factory):
+def test_fresh_small_server_status_and_a_request_too_big_for_its_cache(model_dirs, tmp_path_factory):
     fresh = start_cluster(tmp_path_factory, model_dirs["qwen2"], "fresh", executor_args=["--num-kv-blocks", "50"])
     try:
         s = fresh.status()
         assert (s.total_blocks, s.free_blocks, s.used_blocks, s.num_running, s.num_waiting) == (49, 49, 0, 0, 0)
+        # 10 + 1000 tokens need 64 blocks of 16; the cache holds 49.
+        too_big = pb.GenerateRequest(token_ids=pb.TokenIds(ids=list(range(3, 13))),
+                                     params=pb.SamplingParams(max_tokens=1000))
+        with pytest.raises(grpc.RpcError) as err:
+            list(fresh.stub.Generate(too_big, timeout=30))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "64 KV blocks" in err.value.details() and "49" in err.value.details()
+        ids, _, _ = generate(fresh.stub, prompt_ids=list(range(3, 13)), max_tokens=700, temperature=0.0,
+                             ignore_eos=True)
+        assert len(ids) == 700  # 710 tokens = 45 blocks: fits
     finally:
         fresh.stop()
