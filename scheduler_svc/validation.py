@@ -64,7 +64,11 @@ def check_prompt(token_ids: list[int], limits: Limits) -> None:
 def build_sampling_params(raw: RawParams, prompt_len: int, limits: Limits) -> SamplingParams:
     """Validates the client's parameters and fills the defaults (max_tokens, seed, ...)."""
     room = limits.max_model_len - prompt_len
-    max_tokens = room if raw.max_tokens is None else raw.max_tokens
+    if raw.max_tokens is None:  # fill the context, but no further than the KV cache could hold
+        cache_room = limits.num_usable_blocks * limits.block_size - prompt_len
+        max_tokens = min(room, cache_room) if cache_room > 0 else room
+    else:
+        max_tokens = raw.max_tokens
     if max_tokens <= 0:
         raise invalid("max_tokens must be at least 1 (leave it unset to fill the context)")
     if max_tokens > room:
