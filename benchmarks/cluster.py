@@ -47,7 +47,6 @@ class Cluster:
         self.address = f"127.0.0.1:{self.port}"
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.LLMServeStub(self.channel)
-        self._log_dir = log_dir
         self._wait_serving(timeout)
 
     def _wait_serving(self, timeout: float) -> None:

@@ -20,7 +20,8 @@ import torch
 from executor_svc.attention import AttentionMetadata
 
 if TYPE_CHECKING:
-    from executor_svc.model_runner import ModelRunner, _Step
+    from executor_svc.model_runner import ModelRunner
+    from executor_svc.step_inputs import PreparedStep
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class GraphRunner:
         self.pool = torch.cuda.graph_pool_handle()
         self._capture_all()
 
-    def size_for(self, step: "_Step") -> int:
+    def size_for(self, step: "PreparedStep") -> int:
         """Smallest captured size >= the step's batch for a pure-decode step; 0 = run eagerly."""
         if not step.is_decode or not self.sizes or step.num_reqs > self.sizes[-1]:
             return 0

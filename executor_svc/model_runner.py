@@ -24,8 +24,6 @@ from executor_svc.step_inputs import Limits, PreparedStep, Scheduled, prepare_st
 
 log = logging.getLogger(__name__)
 
-_Step = PreparedStep  # the name cuda_graphs' type hints use
-
 
 @dataclass
 class StepHandle:
