@@ -7,7 +7,7 @@ import statistics
 import torch
 
 from executor_svc.model_runner import ModelRunner
-from executor_svc.plan import CachedRequest, NewRequest, SamplingParams, StepPlan
+from step_protocol.domain import CachedRequestData, NewRequestData, SamplerParams, StepPlan
 
 HBM_BYTES_PER_S = 4.25e12  # device-to-device copy bandwidth measured on the H200
 
@@ -24,15 +24,17 @@ def kv_bytes_per_token(runner: ModelRunner) -> int:
 
 def _prefill(runner: ModelRunner, batch: int, context: int, first_id: int, step_id: int) -> int:
     """Admits `batch` requests with `context - 1` prompt tokens each; returns the next step id."""
-    blocks_per_req = -(-(context + 64) // runner.block_size)
-    per_step = max(1, runner.config.max_num_batched_tokens // context)
+    info = runner.info()
+    blocks_per_req = -(-(context + 64) // info.block_size)
+    per_step = max(1, info.max_num_batched_tokens // context)
     for start in range(0, batch, per_step):
         news = []
         for i in range(start, min(batch, start + per_step)):
             first_block = 1 + i * blocks_per_req
-            news.append(NewRequest(
+            news.append(NewRequestData(
                 req_id=first_id + i, token_ids=[(7 * i + j) % 1000 + 3 for j in range(context - 1)],
-                sampling=SamplingParams(temperature=0.0), block_ids=list(range(first_block, first_block + blocks_per_req)),
+                sampler_params=SamplerParams(temperature=0.0),
+                block_ids=list(range(first_block, first_block + blocks_per_req)),
                 num_computed_tokens=0, num_scheduled_tokens=context - 1))
         runner.execute(StepPlan(step_id=step_id, new_requests=news))
         step_id += 1
@@ -44,12 +46,11 @@ def measure(runner: ModelRunner, batch: int, context: int = 512, steps: int = 30
     step_id = _prefill(runner, batch, context, 1, 1)
     ids = list(range(1, batch + 1))
     rows = {}
-    graphs = runner.graphs
     for mode in ("graph", "eager"):
-        runner.graphs = graphs if mode == "graph" else None
+        runner.use_graphs(mode == "graph")
         walls, devs, sizes = [], [], set()
         for s in range(steps):
-            plan = StepPlan(step_id=step_id, cached_requests=[CachedRequest(i, [], 1) for i in ids])
+            plan = StepPlan(step_id=step_id, cached_requests=CachedRequestData.decode_rows(ids))
             step_id += 1
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -63,7 +64,7 @@ def measure(runner: ModelRunner, batch: int, context: int = 512, steps: int = 30
             sizes.add(out.graph_size)
         rows[mode] = dict(step_ms=statistics.median(walls), device_ms=statistics.median(devs),
                           graph_sizes=sorted(sizes))
-    runner.graphs = graphs
+    runner.use_graphs(True)
     runner.execute(StepPlan(step_id=step_id, finished_req_ids=ids))
     kv = batch * (context + steps) * kv_bytes_per_token(runner)
     floor_ms = 1e3 * (weight_bytes(runner) + kv) / HBM_BYTES_PER_S
@@ -78,7 +79,7 @@ def profile(runner: ModelRunner, batch: int, context: int = 512, steps: int = 5)
 
     step_id = _prefill(runner, batch, context, 10_000, 10_000)
     ids = list(range(10_000, 10_000 + batch))
-    plans = [StepPlan(step_id=step_id + s, cached_requests=[CachedRequest(i, [], 1) for i in ids])
+    plans = [StepPlan(step_id=step_id + s, cached_requests=CachedRequestData.decode_rows(ids))
              for s in range(steps + 1)]
     runner.execute(plans[0])  # warm-up
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:

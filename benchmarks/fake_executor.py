@@ -41,8 +41,8 @@ class FakeExecutor(pb_grpc.ExecutorServicer):
         rows = [(r.req_id, r.num_scheduled_tokens) for r in plan.new_requests]
         for r in plan.new_requests:
             self.known[r.req_id], self.computed[r.req_id] = len(r.token_ids), r.num_computed_tokens
-        rows += [(r.req_id, r.num_scheduled_tokens) for r in plan.cached_requests]
-        rows += [(req_id, 1) for req_id in plan.decode_req_ids]
+        c = plan.cached_requests  # columns; block ids do not matter here
+        rows += zip(c.req_ids, c.num_scheduled_tokens)
         result = pb.StepResult(step_id=plan.step_id, forward_us=int(self.step_s * 1e6))
         for req_id, n in rows:
             self.computed[req_id] += n

@@ -37,12 +37,12 @@ def model_path(shape: str) -> Path:
 
 def runner_for(shape: str, **overrides):
     from executor_svc.config import ExecutorConfig
-    from executor_svc.model_runner import ModelRunner
+    from executor_svc.startup import build_runner
 
     config = dataclasses.replace(
         ExecutorConfig.from_args(["--model", str(model_path(shape)), "--device", "cuda"]), **overrides)
     t = time.perf_counter()
-    runner = ModelRunner(config)
+    runner = build_runner(config)
     return runner, time.perf_counter() - t
 
 
@@ -54,7 +54,7 @@ def section_w4(out: dict) -> None:
     graphs = runner.graphs
     out["startup"] = dict(total_s=startup_s, capture_s=getattr(graphs, "capture_s", None),
                           graph_pool_mib=getattr(graphs, "pool_bytes", 0) / 2**20,
-                          num_blocks=runner.num_blocks, sizes=list(graphs.sizes))
+                          num_blocks=runner.info().num_blocks, sizes=list(graphs.sizes))
     out["w4"] = [decode_step.measure(runner, b) for b in (1, 8, 32, 64, 128, 256)]
     for b in (1, 256):
         out[f"profile_b{b}"] = decode_step.profile(runner, b)
@@ -116,16 +116,15 @@ def section_w5(out: dict) -> None:
     from benchmarks import inprocess, workloads
 
     runner, _ = runner_for("llama2-7b")
-    graphs = runner.graphs
     for total, n in ((128, 256), (512, 256), (2048, 128)):
         row = {}
         for mode in ("graph", "eager"):
-            runner.graphs = graphs if mode == "graph" else None
+            runner.use_graphs(mode == "graph")
             tokens, wall, _ = inprocess.run_workload(runner, workloads.w5(total, n))
             row[mode] = n / wall
         row["gain"] = row["graph"] / row["eager"] - 1
         out[f"total{total}"] = row
-    runner.graphs = graphs
+    runner.use_graphs(True)
 
 
 def run_section(name: str, out_dir: Path) -> None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from executor_svc.step_buffers import StepBuffers
 
 
 @dataclass
@@ -24,3 +28,16 @@ class AttentionMetadata:
     max_seq_len: int  # host upper bound of seq_lens
     is_decode: bool  # every request has exactly one token: T == B, decode kernel
     logits_indices: torch.Tensor | None = None  # [N] int64: tokens whose logits are sampled
+
+    @classmethod
+    def from_buffers(cls, buf: StepBuffers, num_reqs: int, num_tokens: int, max_query_len: int,
+                     max_seq_len: int, num_sample: int | None = None) -> AttentionMetadata:
+        """Views of the first rows of the static device buffers (the caller has copied them):
+        B = num_reqs, T = num_tokens, and N = num_sample rows of logits_indices when given.
+        The views keep their addresses from step to step, which is what a CUDA graph reads."""
+        b, t = num_reqs, num_tokens
+        return cls(
+            slot_mapping=buf.slot_mapping.gpu[:t], block_tables=buf.block_tables.gpu[:b],
+            seq_lens=buf.seq_lens.gpu[:b], query_start_loc=buf.query_start_loc.gpu[:b + 1],
+            max_query_len=max_query_len, max_seq_len=max_seq_len, is_decode=t == b,
+            logits_indices=None if num_sample is None else buf.logits_indices.gpu[:num_sample])

@@ -3,9 +3,12 @@
 One graph per batch size, captured largest first into one shared memory pool. A graph reads
 the static step buffers (input ids, use-last mask, positions, slots, seq lens, block tables)
 and writes the logits of all its rows into one output buffer shared by every graph (kept out
-of the graph pool: per-graph outputs of [size, vocab] would hold gigabytes); a step of n < size rows pads the rest (seq_len 0, slot -1,
-cleared block-table rows), and only the sampled rows' logits are read back. Sampling runs
-after the replay, eagerly (it branches on host flags).
+of the graph pool: per-graph outputs of [size, vocab] would hold gigabytes); a step of n < size
+rows pads the rest (seq_len 0, slot -1, cleared block-table rows), and only the sampled rows'
+logits are read back. Sampling runs after the replay, eagerly (it branches on host flags).
+
+The GraphRunner is given what the graphs read and write (model, step buffers, KV caches, the
+rows' last sampled tokens) and knows nothing of the ModelRunner that replays them.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,25 +24,34 @@ import torch
 from executor_svc.attention import AttentionMetadata
 
 if TYPE_CHECKING:
-    from executor_svc.model_runner import ModelRunner
+    from executor_svc.models.llama import KVCache, LlamaForCausalLM
+    from executor_svc.step_buffers import StepBuffers
     from executor_svc.step_inputs import PreparedStep
 
 log = logging.getLogger(__name__)
 
 
 class GraphRunner:
-    """Captures and replays the decode graphs of one ModelRunner."""
+    """Captures (at construction) and replays one decode graph per batch size.
 
-    def __init__(self, runner: "ModelRunner", sizes: tuple[int, ...]):
-        self.runner = runner
-        limit = min(runner.config.max_num_seqs, runner.config.max_num_batched_tokens)
+    model, buffers and kv_caches are the ones eager steps use; last_sampled is
+    InputBatch.last_sampled_gpu ([max_num_seqs + 1] int64 device), read by the graphs as the
+    decode input; max_model_len is the host bound of seq_lens that every replay runs with.
+    """
+
+    def __init__(self, model: LlamaForCausalLM, buffers: StepBuffers, kv_caches: list[KVCache],
+                 last_sampled: torch.Tensor, sizes: Iterable[int], max_model_len: int):
+        self.model, self.buffers, self.kv_caches = model, buffers, kv_caches
+        self.last_sampled = last_sampled
+        self.max_model_len = max_model_len
+        limit = min(buffers.max_num_seqs, buffers.max_num_tokens)
         self.sizes = sorted({s for s in sizes if 0 < s <= limit})  # ascending
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits = self._output_buffer()
-        self.pool = torch.cuda.graph_pool_handle()
-        self._capture_all()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> its graph
+        self.logits = self._output_buffer()  # [largest size, V] model dtype
+        self.capture_s, self.pool_bytes = 0.0, 0  # measured by capture()
+        self.capture()
 
-    def size_for(self, step: "PreparedStep") -> int:
+    def size_for(self, step: PreparedStep) -> int:
         """Smallest captured size >= the step's batch for a pure-decode step; 0 = run eagerly."""
         if not step.is_decode or not self.sizes or step.num_reqs > self.sizes[-1]:
             return 0
@@ -49,40 +62,35 @@ class GraphRunner:
         self.graphs[size].replay()
         return self.logits[:size]
 
-    def destroy(self) -> None:
-        self.graphs.clear()
-
     def _output_buffer(self) -> torch.Tensor:
         """[largest size, V] in the model dtype: the logits output of every graph."""
-        weight = self.runner.model.lm_head.weight
+        weight = self.model.lm_head.weight
         return torch.empty(self.sizes[-1], weight.shape[0], dtype=weight.dtype, device=weight.device)
 
     def _metadata(self, size: int) -> AttentionMetadata:
-        buf = self.runner.buffers  # views of the static device buffers: stable addresses
-        return AttentionMetadata(
-            slot_mapping=buf.slot_mapping.gpu[:size], block_tables=buf.block_tables.gpu[:size],
-            seq_lens=buf.seq_lens.gpu[:size], query_start_loc=buf.query_start_loc.gpu[:size + 1],
-            max_query_len=1, max_seq_len=self.runner.max_model_len, is_decode=True)
+        # one token per row; seq_lens are read on the device, so one graph serves every length
+        return AttentionMetadata.from_buffers(self.buffers, size, size, max_query_len=1,
+                                              max_seq_len=self.max_model_len)
 
     def _run(self, size: int, attn: AttentionMetadata) -> torch.Tensor:
-        r = self.runner
-        hidden = r.model(r.input_tokens(size), r.buffers.positions.gpu[:size], attn, r.kv_caches)
-        return r.model.compute_logits(hidden, out=self.logits[:size])  # [size, V]
+        """The decode forward that a graph records: [size] rows -> [size, V] logits."""
+        positions = self.buffers.positions.gpu[:size]
+        hidden = self.model(self.buffers.input_tokens(self.last_sampled, size), positions, attn,
+                            self.kv_caches)
+        return self.model.compute_logits(hidden, out=self.logits[:size])
 
     @torch.inference_mode()
-    def _capture_all(self) -> None:
-        buf = self.runner.buffers
+    def capture(self) -> None:
+        """Captures every size, largest first, into one memory pool; logs time and pool size."""
+        buf = self.buffers
         largest = self.sizes[-1]
         buf.query_start_loc.np[0] = 0
         buf.pad(0, 0, largest)  # every row a padded row: reads nothing, writes nowhere
-        for twin in (buf.input_ids, buf.use_last, buf.src_rows, buf.positions, buf.slot_mapping):
-            twin.copy_to_device(largest)
-        for twin in (buf.seq_lens, buf.block_tables):
-            twin.copy_to_device(largest)
-        buf.query_start_loc.copy_to_device(largest + 1)
+        buf.copy_to_device(largest, largest)
         torch.cuda.synchronize()
         free_before = torch.cuda.mem_get_info()[0]
         t0 = time.perf_counter()
+        self.pool = torch.cuda.graph_pool_handle()  # shared by every size
         stream = torch.cuda.Stream()
         for size in _progress(sorted(self.sizes, reverse=True)):
             attn = self._metadata(size)

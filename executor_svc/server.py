@@ -25,8 +25,8 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
-    from executor_svc.model_runner import ModelRunner
     from executor_svc.servicer import ExecutorServicer
+    from executor_svc.startup import build_runner
     from protos.llmserve.executor.v1 import executor_pb2, executor_pb2_grpc
 
     loop = asyncio.get_running_loop()
@@ -39,7 +39,7 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-step")
     waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-wait")
     t0 = time.perf_counter()
-    runner = await loop.run_in_executor(worker, ModelRunner, config)  # the loop stays responsive
+    runner = await loop.run_in_executor(worker, build_runner, config)  # the loop stays responsive
     info = runner.info()
     log.info("ready in %.1f s: model %s, %d KV blocks of %d tokens, graphs %s",
              time.perf_counter() - t0, info.model_name, info.num_blocks, info.block_size,

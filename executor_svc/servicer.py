@@ -6,11 +6,12 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from executor_svc import wire
 from executor_svc.model_runner import ModelRunner, StepHandle
 from executor_svc.pipeline import StepPipeline
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
+from step_protocol import codec
+from step_protocol.domain import StepResult
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
         self.runner = runner
         self.worker = worker  # single thread: launch, reset
         self.waiter = waiter or ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-wait")
-        self.info = wire.info_to_pb(runner.info())
+        self.info = codec.info_to_pb(runner.info())
 
     async def Handshake(self, request: pb.HandshakeRequest, context) -> pb.ExecutorInfo:
         return self.info
@@ -37,12 +38,13 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
         async for msg, result in pipeline.run(request_iterator):
             if isinstance(result, BaseException):
                 log.error("step %d failed", msg.step_id, exc_info=result)
-                yield wire.error_to_pb(msg.step_id, f"{type(result).__name__}: {result}")
+                error = f"{type(result).__name__}: {result}"
+                yield codec.result_to_pb(StepResult(step_id=msg.step_id, error=error))
             else:
-                yield wire.result_to_pb(result)
+                yield codec.result_to_pb(result)
 
     def _launch(self, msg: pb.StepPlan) -> StepHandle:
-        return self.runner.launch(wire.plan_from_pb(msg))
+        return self.runner.launch(codec.plan_from_pb(msg))
 
     async def Reset(self, request: pb.ResetRequest, context) -> pb.ResetResponse:
         await asyncio.get_running_loop().run_in_executor(self.worker, self.runner.reset)

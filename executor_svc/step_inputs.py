@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from executor_svc.input_batch import InputBatch, StepBuffers
+from executor_svc.input_batch import InputBatch
+from executor_svc.step_buffers import StepBuffers
 
 
 @dataclass
@@ -48,14 +49,16 @@ class PreparedStep:
 
 
 @dataclass(frozen=True)
-class Limits:
+class StepLimits:
+    """What one step and one request may hold (checked by prepare_step)."""
+
     block_size: int
     max_model_len: int
     max_num_seqs: int
     max_num_tokens: int
 
 
-def prepare_step(batch: InputBatch, buf: StepBuffers, sched: Scheduled, lim: Limits) -> PreparedStep:
+def prepare_step(batch: InputBatch, buf: StepBuffers, sched: Scheduled, lim: StepLimits) -> PreparedStep:
     """Checks the step, writes its inputs into the selected host set of `buf` and advances the
     rows' num_computed. Raises ValueError (changing nothing) for a step too large, a duplicate
     row, a chunk past the row's blocks or max_model_len, or past its known tokens + 1."""
@@ -111,7 +114,7 @@ def prepare_step(batch: InputBatch, buf: StepBuffers, sched: Scheduled, lim: Lim
                         all_greedy=not temps.any(), need_top_k_top_p=bool((cutting & (temps > 0)).any()))
 
 
-def _check(batch: InputBatch, rows, end, n, k, lim: Limits) -> None:
+def _check(batch: InputBatch, rows, end, n, k, lim: StepLimits) -> None:
     limit = np.minimum(batch.num_blocks[rows] * lim.block_size, lim.max_model_len)
     past_blocks = end > limit
     unknown = n - k

@@ -1,3 +1,3 @@
-from scheduler_svc.server import main
+from scheduler_svc.api.server import main
 
 main()

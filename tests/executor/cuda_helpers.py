@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-
 import torch
 
 from executor_svc.config import ExecutorConfig
 from executor_svc.model_runner import ModelRunner
-from executor_svc.plan import CachedRequest, NewRequest, SamplingParams, StepPlan
+from executor_svc.startup import build_runner
+from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
+from tests.executor.conftest import decode_rows
 
 
 def cuda_runner(path, **kw) -> ModelRunner:
     base = dict(model=str(path), device="cuda", dtype="bfloat16", max_num_seqs=64,
                 max_num_batched_tokens=2048, cuda_graph_sizes=(1, 2, 4, 8, 16, 32, 64))
-    return ModelRunner(ExecutorConfig(**{**base, **kw}))
+    return build_runner(ExecutorConfig(**{**base, **kw}))
 
 
 class Driver:
@@ -21,13 +22,15 @@ class Driver:
 
     def __init__(self, runner: ModelRunner, num_reqs: int, prompt_len: int = 40, max_len: int = 256):
         self.runner, self.step_id, self.req_ids = runner, 0, list(range(1, num_reqs + 1))
-        blocks_per = -(-max_len // runner.block_size)
+        info = runner.info()
+        blocks_per = -(-max_len // info.block_size)
         runner.reset()
         gen = torch.Generator().manual_seed(num_reqs)
-        news = [NewRequest(r, torch.randint(2, runner.args.vocab_size, (prompt_len,), generator=gen).tolist(),
-                           SamplingParams(), list(range(1 + i * blocks_per, 1 + (i + 1) * blocks_per)), 0, prompt_len)
+        news = [NewRequestData(r, torch.randint(2, info.vocab_size, (prompt_len,), generator=gen).tolist(),
+                               SamplerParams(), list(range(1 + i * blocks_per, 1 + (i + 1) * blocks_per)), 0,
+                               prompt_len)
                 for i, r in enumerate(self.req_ids)]
-        per_step = max(1, runner.config.max_num_batched_tokens // prompt_len)
+        per_step = max(1, info.max_num_batched_tokens // prompt_len)
         self.tokens = {}
         for i in range(0, num_reqs, per_step):  # prefill within the token budget
             self.tokens.update({r: [t] for r, t in self.execute(StepPlan(0, news[i:i + per_step])).sampled().items()})
@@ -41,7 +44,7 @@ class Driver:
         """Runs decode steps; returns the graph size of each."""
         sizes = []
         for _ in range(num_steps):
-            out = self.execute(StepPlan(0, [], [CachedRequest(r, [], 1) for r in self.req_ids]))
+            out = self.execute(StepPlan(0, [], decode_rows(self.req_ids)))
             sizes.append(out.graph_size)
             for r, t in out.sampled().items():
                 self.tokens[r].append(t)
@@ -50,15 +53,14 @@ class Driver:
 
 def check_graph_tokens_equal_eager(runner: ModelRunner, num_reqs: int, num_steps: int = 6) -> int:
     """Greedy tokens with graphs == without; returns the graph size used."""
-    graphs = runner.graphs
     with_graph = Driver(runner, num_reqs)
     sizes = with_graph.decode(num_steps)
-    runner.graphs = None
+    runner.use_graphs(False)
     try:
         eager = Driver(runner, num_reqs)
         eager.decode(num_steps)
     finally:
-        runner.graphs = graphs
+        runner.use_graphs(True)
     assert with_graph.tokens == eager.tokens, (num_reqs, with_graph.tokens, eager.tokens)
     assert len(set(sizes)) == 1 and sizes[0] >= num_reqs
     return sizes[0]
@@ -67,7 +69,7 @@ def check_graph_tokens_equal_eager(runner: ModelRunner, num_reqs: int, num_steps
 def decode_logits_graph_and_eager(runner: ModelRunner, num_reqs: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """One decode step computed through its graph and eagerly on the same inputs -> [N, V] twice."""
     d = Driver(runner, num_reqs)
-    plan = StepPlan(99, [], [CachedRequest(r, [], 1) for r in d.req_ids])
+    plan = StepPlan(99, [], decode_rows(d.req_ids))
     with torch.inference_mode():
         step = runner._prepare(runner._update_states(plan))
         size = runner.graphs.size_for(step)

@@ -48,7 +48,7 @@ def test_llama_1b_shape_graph_logits_match_eager(tmp_path):
 
     path = build_random_model(tmp_path / "1b", "llama-1b", dtype=torch.bfloat16, device="cuda")
     runner = cuda_runner(path, cuda_graph_sizes=(1, 4, 64))
-    assert runner.num_blocks > 1000  # measured from free memory
+    assert runner.info().num_blocks > 1000  # measured from free memory
     for n, size in ((1, 1), (3, 4), (64, 64)):
         g, e, got = decode_logits_graph_and_eager(runner, n)
         assert got == size
@@ -60,17 +60,18 @@ def test_llama_1b_shape_graph_logits_match_eager(tmp_path):
 def test_launch_never_syncs_and_pipelined_tokens_equal_sequential(tiny_runner, graphs):
     """launch() under torch.cuda.set_sync_debug_mode("error"): any host sync raises. Two steps
     outstanding (launch N+1 before finish N) give the tokens of execute() one by one."""
-    from executor_svc.plan import CachedRequest, NewRequest, SamplingParams, StepPlan
+    from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
+    from tests.executor.conftest import decode_rows
     from tests.executor.cuda_helpers import Driver, launch_without_sync
 
-    runner, saved = tiny_runner, tiny_runner.graphs
-    runner.graphs = saved if graphs else None
+    runner = tiny_runner
+    runner.use_graphs(graphs)
     try:
         sequential = Driver(runner, 3)
         sequential.decode(6)
         d = Driver(runner, 3)
         d.decode(1)  # warm-up of this path
-        plans = [StepPlan(100 + i, [], [CachedRequest(r, [], 1) for r in d.req_ids]) for i in range(5)]
+        plans = [StepPlan(100 + i, [], decode_rows(d.req_ids)) for i in range(5)]
         pending, outs = [], []
         for plan in plans:
             pending.append(launch_without_sync(runner, plan))
@@ -83,10 +84,10 @@ def test_launch_never_syncs_and_pipelined_tokens_equal_sequential(tiny_runner, g
         assert d.tokens == sequential.tokens
         assert all(o.graph_size == (4 if graphs else 0) and o.forward_us > 0 for o in outs)
         # an eager prefill (varlen attention) and a sampled (temperature, top-k/p) request
-        params = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=3)
-        new = NewRequest(9, list(range(2, 50)), params, list(range(400, 404)), 0, 48)
+        params = SamplerParams(temperature=0.7, top_k=20, top_p=0.9, seed=3)
+        new = NewRequestData(9, list(range(2, 50)), params, list(range(400, 404)), 0, 48)
         out = runner.finish(launch_without_sync(runner, StepPlan(200, [new])))
         assert out.req_ids == [9] and out.graph_size == 0
     finally:
-        runner.graphs = saved
+        runner.use_graphs(True)
         runner.reset()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from executor_svc.plan import CachedRequest, NewRequest, SamplingParams, StepPlan
-from tests.executor.conftest import hf_greedy, make_runner
+from step_protocol.domain import CachedRequestData, NewRequestData, SamplerParams, StepPlan
+from tests.executor.conftest import cached_rows, decode_rows, hf_greedy, make_runner
 
-GREEDY = SamplingParams()
+GREEDY = SamplerParams()
 PROMPT_A = list(range(3, 40))  # 37 tokens
 PROMPT_B = [7, 99, 12, 300, 41, 5, 6, 8, 250, 11]  # 10 tokens
 
@@ -33,16 +33,18 @@ class Driver:
         self.next_block += n
         return ids
 
-    def step(self, new=(), cached=(), finished=(), preempted=()) -> dict[int, int]:
+    def step(self, new=(), cached: CachedRequestData | None = None, finished=(),
+             preempted=()) -> dict[int, int]:
         self.step_id += 1
-        out = self.runner.execute(StepPlan(self.step_id, list(new), list(cached), list(finished), list(preempted)))
+        cached = cached or CachedRequestData()
+        out = self.runner.execute(StepPlan(self.step_id, list(new), cached, list(finished), list(preempted)))
         assert out.graph_size == 0 and out.step_id == self.step_id
         return out.sampled()
 
     def decode(self, req_ids, num_steps: int) -> dict[int, list[int]]:
         got = {r: [] for r in req_ids}
         for _ in range(num_steps):
-            sampled = self.step(cached=[CachedRequest(r, [], 1) for r in req_ids])
+            sampled = self.step(cached=decode_rows(req_ids))
             assert set(sampled) == set(req_ids)
             for r in req_ids:
                 got[r].append(sampled[r])
@@ -51,24 +53,24 @@ class Driver:
 
 def test_prefill_then_decode(runner, hf_models):
     d = Driver(runner)
-    first = d.step(new=[NewRequest(1, PROMPT_A, GREEDY, d.blocks(), 0, len(PROMPT_A))])
+    first = d.step(new=[NewRequestData(1, PROMPT_A, GREEDY, d.blocks(), 0, len(PROMPT_A))])
     rest = d.decode([1], 9)[1]
     assert [first[1]] + rest == hf_greedy(hf_models["tiny-llama"], PROMPT_A, 10)
 
 
 def test_chunked_prefill_over_three_steps(runner, hf_models):
     d = Driver(runner)
-    assert d.step(new=[NewRequest(1, PROMPT_A, GREEDY, d.blocks(), 0, 15)]) == {}  # partial chunk
-    assert d.step(cached=[CachedRequest(1, [], 15)]) == {}
-    first = d.step(cached=[CachedRequest(1, [], 7)])
+    assert d.step(new=[NewRequestData(1, PROMPT_A, GREEDY, d.blocks(), 0, 15)]) == {}  # partial chunk
+    assert d.step(cached=cached_rows((1, 15))) == {}
+    first = d.step(cached=cached_rows((1, 7)))
     rest = d.decode([1], 5)[1]
     assert [first[1]] + rest == hf_greedy(hf_models["tiny-llama"], PROMPT_A, 6)
 
 
 def test_two_requests_of_different_lengths(runner, hf_models):
     d = Driver(runner)
-    first = d.step(new=[NewRequest(1, PROMPT_A, GREEDY, d.blocks(), 0, len(PROMPT_A)),
-                        NewRequest(2, PROMPT_B, GREEDY, d.blocks(), 0, len(PROMPT_B))])
+    first = d.step(new=[NewRequestData(1, PROMPT_A, GREEDY, d.blocks(), 0, len(PROMPT_A)),
+                        NewRequestData(2, PROMPT_B, GREEDY, d.blocks(), 0, len(PROMPT_B))])
     rest = d.decode([2, 1], 7)
     for req_id, prompt in ((1, PROMPT_A), (2, PROMPT_B)):
         assert [first[req_id]] + rest[req_id] == hf_greedy(hf_models["tiny-llama"], prompt, 8)
@@ -76,13 +78,13 @@ def test_two_requests_of_different_lengths(runner, hf_models):
 
 def test_mixed_prefill_and_decode_step_with_block_delta(runner, hf_models):
     d = Driver(runner)
-    first_b = d.step(new=[NewRequest(2, PROMPT_B, GREEDY, [d.blocks(1)[0]], 0, len(PROMPT_B))])
+    first_b = d.step(new=[NewRequestData(2, PROMPT_B, GREEDY, [d.blocks(1)[0]], 0, len(PROMPT_B))])
     # request 2 decodes (and crosses into a newly appended block) while request 1 prefills
     got_b = [first_b[2]]
     for i in range(8):
         new_blocks = d.blocks(1) if len(PROMPT_B) + i == 16 else []
-        new = [NewRequest(1, PROMPT_A, GREEDY, d.blocks(), 0, len(PROMPT_A))] if i == 2 else []
-        sampled = d.step(new=new, cached=[CachedRequest(2, new_blocks, 1)])
+        new = [NewRequestData(1, PROMPT_A, GREEDY, d.blocks(), 0, len(PROMPT_A))] if i == 2 else []
+        sampled = d.step(new=new, cached=cached_rows((2, 1, new_blocks)))
         got_b.append(sampled[2])
         if i == 2:
             first_a = sampled[1]
@@ -93,19 +95,19 @@ def test_mixed_prefill_and_decode_step_with_block_delta(runner, hf_models):
 
 def test_preempted_request_resumes(runner, hf_models):
     d = Driver(runner)
-    first = d.step(new=[NewRequest(1, PROMPT_B, GREEDY, d.blocks(), 0, len(PROMPT_B))])
+    first = d.step(new=[NewRequestData(1, PROMPT_B, GREEDY, d.blocks(), 0, len(PROMPT_B))])
     generated = [first[1]] + d.decode([1], 3)[1]
     d.step(preempted=[1])  # forgotten; its blocks go back to the scheduler
     assert 1 not in runner.batch.requests
     resumed = PROMPT_B + generated  # the last generated token's KV was never computed
-    first = d.step(new=[NewRequest(1, resumed, GREEDY, d.blocks(), 0, len(resumed))])
+    first = d.step(new=[NewRequestData(1, resumed, GREEDY, d.blocks(), 0, len(resumed))])
     generated += [first[1]] + d.decode([1], 3)[1]
     assert generated == hf_greedy(hf_models["tiny-llama"], PROMPT_B, 8)
 
 
 def test_finished_request_frees_its_row(runner):
     d = Driver(runner)
-    d.step(new=[NewRequest(5, PROMPT_B, GREEDY, d.blocks(), 0, len(PROMPT_B))])
+    d.step(new=[NewRequestData(5, PROMPT_B, GREEDY, d.blocks(), 0, len(PROMPT_B))])
     free = len(runner.batch.free_rows)
     d.step(finished=[5])
     assert len(runner.batch.free_rows) == free + 1 and not runner.batch.requests
@@ -114,18 +116,18 @@ def test_finished_request_frees_its_row(runner):
 def test_bad_plans_raise(runner):
     d = Driver(runner)
     with pytest.raises(KeyError):
-        d.step(cached=[CachedRequest(42, [], 1)])
+        d.step(cached=decode_rows([42]))
     with pytest.raises(ValueError):  # more tokens than its one block holds
-        d.step(new=[NewRequest(1, PROMPT_A, GREEDY, d.blocks(1), 0, len(PROMPT_A))])
+        d.step(new=[NewRequestData(1, PROMPT_A, GREEDY, d.blocks(1), 0, len(PROMPT_A))])
 
 
 def test_seeded_sampling_is_reproducible_across_runs(runner):
-    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=1234)
+    params = SamplerParams(temperature=1.0, top_k=50, top_p=0.9, seed=1234)
 
     def generate() -> list[int]:
         runner.reset()
         d = Driver(runner)
-        first = d.step(new=[NewRequest(1, PROMPT_A, params, d.blocks(), 0, len(PROMPT_A))])
+        first = d.step(new=[NewRequestData(1, PROMPT_A, params, d.blocks(), 0, len(PROMPT_A))])
         return [first[1]] + d.decode([1], 6)[1]
 
     assert generate() == generate()
@@ -137,10 +139,10 @@ def test_pipelined_launch_finish_equals_sequential_execute(runner, hf_models):
     num_decode = 8
 
     def plans(d: Driver) -> list[StepPlan]:
-        new = [NewRequest(r, p, GREEDY, d.blocks(), 0, len(p)) for r, p in prompts.items()]
+        new = [NewRequestData(r, p, GREEDY, d.blocks(), 0, len(p)) for r, p in prompts.items()]
         out = [StepPlan(1, new[:2])]  # request 3 joins while 1 and 2 decode
         for i in range(num_decode):
-            cached = [CachedRequest(r, [], 1) for r in ((1, 2, 3) if i >= 2 else (1, 2))]
+            cached = decode_rows((1, 2, 3) if i >= 2 else (1, 2))
             out.append(StepPlan(2 + i, new[2:] if i == 1 else [], cached))
         out.append(StepPlan(2 + num_decode, finished_req_ids=[1, 2, 3]))
         return out
@@ -164,12 +166,13 @@ def test_pipelined_launch_finish_equals_sequential_execute(runner, hf_models):
     assert pipelined[-1].req_ids == []
 
 
-def test_finish_is_idempotent_and_a_third_launch_finishes_the_oldest(runner):
+def test_finish_is_idempotent_and_a_third_launch_finishes_the_oldest(runner, hf_models):
     d = Driver(runner)
-    h1 = runner.launch(StepPlan(1, [NewRequest(1, PROMPT_B, GREEDY, d.blocks(), 0, len(PROMPT_B))]))
-    h2 = runner.launch(StepPlan(2, [], [CachedRequest(1, [], 1)]))
-    h3 = runner.launch(StepPlan(3, [], [CachedRequest(1, [], 1)]))  # reuses h1's buffers
+    h1 = runner.launch(StepPlan(1, [NewRequestData(1, PROMPT_B, GREEDY, d.blocks(), 0, len(PROMPT_B))]))
+    h2 = runner.launch(StepPlan(2, [], decode_rows([1])))
+    h3 = runner.launch(StepPlan(3, [], decode_rows([1])))  # reuses h1's buffers
     assert h1.finished and not h3.finished
     tokens = [runner.finish(h).token_ids[0] for h in (h1, h2, h3)]
-    assert runner.finish(h3).token_ids == [tokens[-1]]  # again: same output, nothing appended twice
-    assert runner.batch.requests[1].output_token_ids == tokens
+    again = runner.finish(h3)
+    assert again is h3.out and again.token_ids == [tokens[-1]]  # again: the same output, unchanged
+    assert tokens == hf_greedy(hf_models["tiny-llama"], PROMPT_B, 3)

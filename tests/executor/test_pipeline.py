@@ -11,11 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from executor_svc import wire
 from executor_svc.pipeline import StepPipeline
 from executor_svc.servicer import ExecutorServicer
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
+from step_protocol import codec
+from step_protocol.domain import StepResult
 from tests.executor.conftest import make_runner
 
 TIMEOUT = 30
@@ -95,15 +96,16 @@ def runner(model_dirs):
 
 
 def _plans() -> list[pb.StepPlan]:
-    greedy = pb.SamplingParams(temperature=0.0)
-    sampled = pb.SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=7)
+    greedy = pb.SamplerParams(temperature=0.0)
+    sampled = pb.SamplerParams(temperature=0.8, top_k=40, top_p=0.9, seed=7)
 
-    def new(req_id, prompt, sampling, block):
-        return pb.NewRequest(req_id=req_id, token_ids=prompt, sampling=sampling,
+    def new(req_id, prompt, params, block):
+        return pb.NewRequest(req_id=req_id, token_ids=prompt, sampler_params=params,
                              block_ids=list(range(block, block + 4)), num_scheduled_tokens=len(prompt))
 
     def decode(*ids):
-        return [pb.CachedRequest(req_id=r, num_scheduled_tokens=1) for r in ids]
+        n = len(ids)
+        return pb.CachedRequests(req_ids=ids, num_scheduled_tokens=[1] * n, num_new_blocks=[0] * n)
 
     plans = [pb.StepPlan(step_id=1, new_requests=[new(1, list(range(5, 30)), greedy, 1),
                                                   new(2, [9, 8, 7, 6], sampled, 5)])]
@@ -153,9 +155,9 @@ def test_execute_two_ahead_and_one_at_a_time_equal_sequential(runner):
     expected = []
     for msg in plans:
         try:
-            expected.append(wire.result_to_pb(runner.execute(wire.plan_from_pb(msg))))
+            expected.append(codec.result_to_pb(runner.execute(codec.plan_from_pb(msg))))
         except KeyError as exc:
-            expected.append(wire.error_to_pb(msg.step_id, f"KeyError: {exc}"))
+            expected.append(codec.result_to_pb(StepResult(step_id=msg.step_id, error=f"KeyError: {exc}")))
     runner.reset()
     assert expected[4].error and expected[1].token_ids
     for ahead in (2, 1, 2):

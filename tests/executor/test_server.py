@@ -49,11 +49,15 @@ def test_health_and_handshake(address):
 
 
 def test_execute_stream_in_order_and_errors_do_not_end_it(address):
-    new = pb.NewRequest(req_id=1, token_ids=[5, 6, 7, 8], sampling=pb.SamplingParams(temperature=0.0),
+    new = pb.NewRequest(req_id=1, token_ids=[5, 6, 7, 8], sampler_params=pb.SamplerParams(temperature=0.0),
                         block_ids=[1], num_scheduled_tokens=4)
+
+    def decode(req_id: int) -> pb.CachedRequests:
+        return pb.CachedRequests(req_ids=[req_id], num_scheduled_tokens=[1], num_new_blocks=[0])
+
     plans = [pb.StepPlan(step_id=1, new_requests=[new]),
-             pb.StepPlan(step_id=2, cached_requests=[pb.CachedRequest(req_id=99, num_scheduled_tokens=1)]),
-             pb.StepPlan(step_id=3, cached_requests=[pb.CachedRequest(req_id=1, num_scheduled_tokens=1)])]
+             pb.StepPlan(step_id=2, cached_requests=decode(99)),
+             pb.StepPlan(step_id=3, cached_requests=decode(1))]
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.ExecutorStub(channel)
         results = list(stub.Execute(iter(plans)))

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from executor_svc.input_batch import InputBatch, StepBuffers, TwinGroup
-from executor_svc.plan import NewRequest, SamplingParams
-from executor_svc.step_inputs import Limits, Scheduled, prepare_step
+from executor_svc.input_batch import InputBatch
+from executor_svc.step_buffers import StepBuffers, TwinGroup
+from executor_svc.step_inputs import Scheduled, StepLimits, prepare_step
+from step_protocol.domain import NewRequestData, SamplerParams
 
 BS, MAX_BLOCKS, SEQS, TOKENS = 4, 16, 32, 256
-LIMITS = Limits(block_size=BS, max_model_len=60, max_num_seqs=SEQS, max_num_tokens=TOKENS)
+LIMITS = StepLimits(block_size=BS, max_model_len=60, max_num_seqs=SEQS, max_num_tokens=TOKENS)
 CPU = torch.device("cpu")
 
 
@@ -49,9 +50,9 @@ def random_batch(rng, num_reqs: int) -> InputBatch:
         num_known = int(rng.integers(3, 50))
         computed = int(rng.integers(0, num_known + 1))
         blocks = rng.permutation(np.arange(1, 200))[: -(-(num_known + 3) // BS)].tolist()
-        params = SamplingParams(temperature=float(rng.choice([0.0, 0.8])), top_k=int(rng.choice([0, 5])),
+        params = SamplerParams(temperature=float(rng.choice([0.0, 0.8])), top_k=int(rng.choice([0, 5])),
                                 top_p=float(rng.choice([1.0, 0.9])), seed=int(rng.integers(0, 1 << 40)))
-        batch.add(NewRequest(req_id, rng.integers(2, 1000, num_known).tolist(), params, blocks, computed, 0))
+        batch.add(NewRequestData(req_id, rng.integers(2, 1000, num_known).tolist(), params, blocks, computed, 0))
     return batch
 
 
@@ -119,7 +120,9 @@ def test_small_group_members_are_views_of_one_buffer():
     assert buf.top_p.np[:SEQS].tolist() == [1.0] * SEQS and not buf.seeds.np.any()
     buf.seeds.np[3] = 7
     base = buf.small.cpu.data_ptr()
-    for twin in buf.small.twins.values():
+    assert buf.small.twins == [buf.seq_lens, buf.query_start_loc, buf.logits_indices, buf.sample_rows,
+                               buf.temperature, buf.top_k, buf.top_p, buf.seeds, buf.sample_positions]
+    for twin in buf.small.twins:
         assert base <= twin.cpu.data_ptr() < base + buf.small.cpu.numel() and twin.gpu is twin.cpu
         assert (twin.cpu.data_ptr() - base) % TwinGroup.ALIGN == 0
     assert buf.seeds.cpu[3].item() == 7

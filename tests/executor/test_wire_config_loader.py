@@ -1,4 +1,5 @@
-"""Wire round trip, configuration from flags and environment, loader edge cases."""
+"""What the executor decodes and encodes (step_protocol.codec), configuration from flags and
+environment, loader edge cases."""
 
 from __future__ import annotations
 
@@ -7,29 +8,42 @@ import json
 import pytest
 import torch
 
-from executor_svc import wire
 from executor_svc.config import ExecutorConfig, default_cuda_graph_sizes
 from executor_svc.loader import eos_token_ids, load_hf_config, load_model
-from executor_svc.plan import CachedRequest, ExecutorInfo, NewRequest, SamplingParams, StepOutput, StepPlan
 from executor_svc.random_model import build_random_model
+from protos.llmserve.executor.v1 import executor_pb2 as pb
+from step_protocol import codec
+from step_protocol.domain import (CachedRequestData, ExecutorInfo, NewRequestData, SamplerParams,
+                                  StepPlan, StepResult)
+
+
+def _over_the_wire(msg):
+    return type(msg).FromString(msg.SerializeToString())
 
 
 def test_plan_round_trip():
     plan = StepPlan(
         step_id=9,
-        new_requests=[NewRequest(3, [1, 2, 3], SamplingParams(0.5, 10, 0.75, (1 << 63) + 5), [4, 5], 16, 2)],
-        cached_requests=[CachedRequest(1, [7], 1), CachedRequest(2, [], 1)],
+        new_requests=[NewRequestData(3, [1, 2, 3], SamplerParams(0.5, 10, 0.75, (1 << 63) + 5),
+                                     [4, 5], 16, 2)],
+        cached_requests=CachedRequestData(req_ids=[1, 2, 5], num_scheduled_tokens=[1, 1, 7],
+                                          num_new_blocks=[1, 0, 2], new_block_ids=[7, 8, 9]),
         finished_req_ids=[11], preempted_req_ids=[12, 13])
-    assert wire.plan_from_pb(wire.plan_to_pb(plan)) == plan
+    assert codec.plan_from_pb(_over_the_wire(codec.plan_to_pb(plan))) == plan
+    # the message as any scheduler writes it: columns stay columns, row i owns num_new_blocks[i]
+    msg = pb.StepPlan(step_id=9, cached_requests=pb.CachedRequests(
+        req_ids=[1, 2, 5], num_scheduled_tokens=[1, 1, 7], num_new_blocks=[1, 0, 2], new_block_ids=[7, 8, 9]))
+    assert codec.plan_from_pb(_over_the_wire(msg)).cached_requests == plan.cached_requests
 
 
 def test_result_and_info_to_pb():
-    out = StepOutput(step_id=4, req_ids=[1, 2], token_ids=[10, 20], prepare_us=5, forward_us=6,
+    out = StepResult(step_id=4, req_ids=[1, 2], token_ids=[10, 20], prepare_us=5, forward_us=6,
                      sample_us=7, graph_size=8)
-    assert wire.result_from_pb(wire.result_to_pb(out)) == out
-    assert wire.error_to_pb(4, "boom").error == "boom"
+    assert codec.result_from_pb(_over_the_wire(codec.result_to_pb(out))) == out
+    assert codec.result_to_pb(StepResult(step_id=4, error="boom")).error == "boom"
     info = ExecutorInfo("m", "/p", 512, (1, 2), 2048, 16, 100, (1, 2, 4), 8, 256, "cpu", "float32")
-    msg = wire.info_to_pb(info)
+    msg = _over_the_wire(codec.info_to_pb(info))
+    assert isinstance(msg, pb.ExecutorInfo) and codec.info_from_pb(msg) == info
     assert list(msg.eos_token_ids) == [1, 2] and msg.num_blocks == 100 and msg.model_path == "/p"
 
 

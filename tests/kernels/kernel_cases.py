@@ -126,3 +126,8 @@ TRITON_MARKS = [
     pytest.mark.cuda,
     pytest.mark.skipif(not (ON_CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1 with triton)"),
 ]
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative error a Triton kernel may show against its fp32 reference in this dtype."""
+    return 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4

@@ -1,13 +1,16 @@
-"""Test helpers: a fake deterministic "model" behind a fake executor, and drivers that run a
-Scheduler synchronously or one step ahead."""
+"""Test helpers: a fake deterministic "model" behind a fake executor, plugged into the engine's
+own step loop (scheduler_svc/engine/step_loop.py) as its transport."""
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from dataclasses import dataclass, field
 
-from scheduler_svc.request import FinishReason, Request, SamplingParams
-from scheduler_svc.scheduler import Scheduler, SchedulerCoreConfig
-from scheduler_svc.scheduler_output import SchedulerOutput
+from scheduler_svc.core.request import FinishReason, Request, SamplingParams
+from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig
+from scheduler_svc.engine.step_loop import StepLoop
+from step_protocol.domain import CachedRequestData, StepPlan, StepResult
 
 EOS = 27  # the fake vocabulary: 0..25 are 'a'..'z', 26 is ' ', 27 is EOS, 28 is '!'
 VOCAB = 29
@@ -63,23 +66,25 @@ class FakeExecutor:
         self.rows: dict[int, Row] = {}
         self.kv: dict[int, tuple[int, int, int]] = {}
 
-    def execute(self, plan: SchedulerOutput) -> dict[int, int]:
+    def execute(self, plan: StepPlan) -> StepResult:
         for req_id in plan.finished_req_ids + plan.preempted_req_ids:
             del self.rows[req_id]
         for new in plan.new_requests:
             assert new.req_id not in self.rows
             self.rows[new.req_id] = Row(list(new.token_ids), list(new.block_ids),
                                         new.num_computed_tokens)
-        sampled = {}
+        cached = cached_rows(plan.cached_requests)
+        for req_id, _, new_block_ids in cached:
+            self.rows[req_id].block_ids += new_block_ids
         scheduled = ([(r.req_id, r.num_scheduled_tokens) for r in plan.new_requests]
-                     + [(r.req_id, r.num_scheduled_tokens) for r in plan.cached_requests])
-        for cached in plan.cached_requests:
-            self.rows[cached.req_id].block_ids += cached.new_block_ids
+                     + [(req_id, n) for req_id, n, _ in cached])
+        result = StepResult(plan.step_id)
         for req_id, num_tokens in scheduled:
             token_id = self._run(req_id, self.rows[req_id], num_tokens)
             if token_id is not None:
-                sampled[req_id] = token_id
-        return sampled
+                result.req_ids.append(req_id)
+                result.token_ids.append(token_id)
+        return result
 
     def _slot(self, row: Row, position: int) -> int:
         block_id = row.block_ids[position // self.block_size]
@@ -112,7 +117,8 @@ class Stream:
     num_outputs: int = 0
 
 
-def collect(streams: dict[int, Stream], outputs) -> None:
+def collect(streams: dict[int, Stream], outputs, errors=()) -> None:
+    assert not errors, errors
     for out in outputs:
         stream = streams.setdefault(out.req_id, Stream())
         assert stream.finish_reason is None, f"output after the end: {out}"
@@ -124,35 +130,67 @@ def collect(streams: dict[int, Stream], outputs) -> None:
         assert out.num_output_tokens == len(stream.token_ids)
 
 
+class FakeTransport:
+    """The step loop's transport to a FakeExecutor: each plan runs when sent; every plan sent
+    is kept for the test to inspect."""
+
+    def __init__(self, executor: FakeExecutor):
+        self.executor = executor
+        self.plans: list[StepPlan] = []
+        self._results: deque[StepResult] = deque()
+
+    async def send(self, plan: StepPlan) -> None:
+        self.plans.append(plan)
+        self._results.append(self.executor.execute(plan))
+
+    async def receive(self) -> StepResult:
+        return self._results.popleft()
+
+
+def cached_rows(cached: CachedRequestData) -> list[tuple[int, int, list[int]]]:
+    """(req_id, num_scheduled_tokens, new block ids) per cached row: the columns as rows, for
+    assertions."""
+    rows, i = [], 0
+    for req_id, n, num_blocks in zip(cached.req_ids, cached.num_scheduled_tokens, cached.num_new_blocks):
+        rows.append((req_id, n, cached.new_block_ids[i:i + num_blocks]))
+        i += num_blocks
+    return rows
+
+
 def run(scheduler: Scheduler, arrivals: dict[int, list[Request]], aborts=None, *,
-        ahead: bool, max_steps: int = 2000) -> tuple[dict[int, Stream], list[SchedulerOutput]]:
-    """Drives scheduler and a FakeExecutor to completion. arrivals/aborts are keyed by the
-    number of schedule() calls made before they happen. With ahead=True, step N+1 is planned
+        ahead: bool, max_steps: int = 2000) -> tuple[dict[int, Stream], list[StepPlan]]:
+    """Drives scheduler and a FakeExecutor to completion through the engine's StepLoop.
+    arrivals/aborts are keyed by the number of schedule() calls made before they happen (when
+    the engine is idle, time jumps to the next arrival). With ahead=True, step N+1 is planned
     before step N's result is applied."""
     aborts = aborts or {}
-    executor = FakeExecutor(scheduler.config.block_size)
     streams: dict[int, Stream] = {}
-    plans, in_flight = [], []
-    for step in range(max_steps):
-        for request in arrivals.get(step, []):
-            scheduler.add_request(request)
-        for req_id in aborts.get(step, []):
-            scheduler.abort_request(req_id)
-        last_arrival = step >= max(arrivals, default=0) and step >= max(aborts, default=0)
-        if last_arrival and not scheduler.has_work():
-            break  # results still in flight carry only tokens to discard
-        plan = scheduler.schedule()
-        plans.append(plan)
-        in_flight.append((plan, executor.execute(plan)))
-        if not ahead or len(in_flight) == 2:
-            collect(streams, scheduler.update_from_output(*in_flight.pop(0)))
-    else:
+    transport = FakeTransport(FakeExecutor(scheduler.config.block_size))
+    loop = StepLoop(scheduler, transport, depth=2 if ahead else 1,
+                    on_outputs=lambda outputs, errors: collect(streams, outputs, errors))
+    events = sorted(set(arrivals) | set(aborts))
+
+    async def drive() -> None:
+        clock, done = 0, -1
+        for _ in range(2 * max_steps):
+            clock = max(clock, loop.num_planned)
+            for step in range(done + 1, clock + 1):
+                for request in arrivals.get(step, []):
+                    scheduler.add_request(request)
+                for req_id in aborts.get(step, []):
+                    scheduler.abort_request(req_id)
+            done = max(done, clock)
+            if not await loop.step():
+                later = [step for step in events if step > done]
+                if not later:
+                    return
+                clock = later[0]
         raise AssertionError("did not finish")
-    while in_flight:
-        collect(streams, scheduler.update_from_output(*in_flight.pop(0)))
+
+    asyncio.run(drive())
     assert not scheduler.requests and not scheduler.has_work()
     assert scheduler.num_free_blocks == scheduler.num_total_blocks
-    return streams, plans
+    return streams, transport.plans
 
 
 def req(req_id: int, prompt: list[int], max_tokens: int = 16, **params) -> Request:

@@ -9,10 +9,11 @@ import grpc
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
-from scheduler_svc import wire
-from scheduler_svc.engine import Engine, EngineError
-from scheduler_svc.tokenizer import Tokenizer
-from scheduler_svc.validation import Limits, RequestError, build_sampling_params, check_prompt, invalid
+from scheduler_svc.api import codec
+from scheduler_svc.api.engine_client import EngineClient
+from scheduler_svc.api.validation import Limits, build_sampling_params, check_prompt, invalid
+from scheduler_svc.core.tokenizer import Tokenizer
+from scheduler_svc.messages import RequestError
 
 log = logging.getLogger("llmserve.api")
 
@@ -20,7 +21,7 @@ log = logging.getLogger("llmserve.api")
 class LLMServeServicer(pb_grpc.LLMServeServicer):
     """Answers the public RPCs; all state lives in the engine."""
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, max_waiting: int):
+    def __init__(self, engine: EngineClient, tokenizer: Tokenizer, model_name: str, max_waiting: int):
         self._engine = engine
         self._tokenizer = tokenizer
         self._model_name = model_name
@@ -36,8 +37,8 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
         prompt_ids, params = await self._admit(request, context)
         try:
             async for out in self._engine.generate(prompt_ids, params):
-                yield wire.response_to_pb(request_id, out)
-        except EngineError as e:
+                yield codec.response_to_pb(request_id, out)
+        except RequestError as e:
             await context.abort(getattr(grpc.StatusCode, e.code), e.message)
 
     async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
@@ -50,10 +51,10 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
                 token_ids += out.new_token_ids
                 text.append(out.new_text)
                 last = out
-        except EngineError as e:
+        except RequestError as e:
             await context.abort(getattr(grpc.StatusCode, e.code), e.message)
         last.new_token_ids, last.new_text = token_ids, "".join(text)
-        return wire.response_to_pb(request_id, last)
+        return codec.response_to_pb(request_id, last)
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext):
         try:
@@ -87,7 +88,7 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
         try:
             prompt_ids = self._prompt_ids(request)
             check_prompt(prompt_ids, self._limits)
-            raw = wire.raw_params_from_pb(request.params)
+            raw = codec.raw_params_from_pb(request.params)
             params = build_sampling_params(raw, len(prompt_ids), self._limits)
             if self._engine.stats.num_waiting >= self._max_waiting:
                 raise RequestError("RESOURCE_EXHAUSTED",
@@ -107,7 +108,7 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
         raise invalid("no input: set one of text, token_ids or chat")
 
     def _render_chat(self, chat: pb.ChatMessages) -> list[int]:
-        messages, add_generation_prompt = wire.chat_from_pb(chat)
+        messages, add_generation_prompt = codec.chat_from_pb(chat)
         if not messages:
             raise invalid("chat has no messages")
         try:

@@ -1,8 +1,8 @@
 import pytest
 
-from scheduler_svc.block_pool import NULL_BLOCK_ID, BlockPool, hash_block_tokens
-from scheduler_svc.kv_cache_manager import KVCacheManager
-from scheduler_svc.request import Request, SamplingParams
+from scheduler_svc.core.block_pool import NULL_BLOCK_ID, BlockPool, hash_block_tokens
+from scheduler_svc.core.kv_cache_manager import KVCacheManager
+from scheduler_svc.core.request import Request, SamplingParams
 
 
 def test_null_block_is_never_handed_out():

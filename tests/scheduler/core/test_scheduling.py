@@ -4,15 +4,15 @@ import dataclasses
 
 import pytest
 
-from tests.scheduler.sched_driver import make_scheduler, req
-from scheduler_svc.request import FinishReason, RequestStatus
-from scheduler_svc.scheduler_output import CachedRequestData
+from tests.scheduler.sched_driver import cached_rows, make_scheduler, req
+from scheduler_svc.core.request import FinishReason, RequestStatus
+from step_protocol.domain import CachedRequestData
 
 
 def rows(plan):
     """(req_id, num_scheduled_tokens, block ids sent) per row, new requests first."""
     return ([(r.req_id, r.num_scheduled_tokens, r.block_ids) for r in plan.new_requests]
-            + [(r.req_id, r.num_scheduled_tokens, r.new_block_ids) for r in plan.cached_requests])
+            + cached_rows(plan.cached_requests))
 
 
 def test_prefill_then_decode_with_block_deltas():
@@ -39,7 +39,7 @@ def test_prefill_then_decode_with_block_deltas():
 
 def test_decode_rows_carry_no_token_ids():
     fields = {f.name for f in dataclasses.fields(CachedRequestData)}
-    assert fields == {"req_id", "new_block_ids", "num_scheduled_tokens"}
+    assert fields == {"req_ids", "num_scheduled_tokens", "num_new_blocks", "new_block_ids"}
 
 
 def test_budget_goes_to_running_first_then_waiting_chunked():
@@ -78,7 +78,7 @@ def test_long_prompt_is_chunked_across_steps(budget, threshold, chunks):
         assert s.requests[0].num_computed_tokens == sum(chunks[:i + 1])
     assert scheduled == chunks
     plan = s.schedule()
-    assert [(r.req_id, r.num_scheduled_tokens) for r in plan.cached_requests] == [(0, 1)]
+    assert [(r[0], r[1]) for r in cached_rows(plan.cached_requests)] == [(0, 1)]
     outs = s.update_from_output(plan, {0: 8})
     assert outs[0].finish_reason == FinishReason.LENGTH and outs[0].num_output_tokens == 2
 
@@ -163,7 +163,7 @@ def test_rejects_requests_that_can_never_run():
 
 
 def test_a_result_missing_a_due_token_is_an_error_but_a_partial_chunk_needs_none():
-    from scheduler_svc.scheduler import StepResultError
+    from scheduler_svc.core.scheduler import StepResultError
 
     s = make_scheduler(block_size=4, max_num_batched_tokens=6, long_prefill_token_threshold=0)
     s.add_request(req(0, list(range(1, 10))))  # 9 tokens: a 6-token chunk, then 3 more

@@ -1,7 +1,7 @@
 """Stop rules and stop-string holdback."""
 
-from scheduler_svc.request import FinishReason, Request, SamplingParams
-from scheduler_svc.stop import StopStringMatcher, process_token
+from scheduler_svc.core.request import FinishReason, Request, SamplingParams
+from scheduler_svc.core.stop import StopStringMatcher, process_token
 from tests.scheduler.sched_driver import EOS, LetterDetokenizer
 
 

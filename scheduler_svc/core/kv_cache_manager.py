@@ -10,6 +10,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def max_blocks_needed(num_prompt_tokens: int, max_tokens: int, max_model_len: int,
+                      block_size: int) -> int:
+    """The most KV blocks a request can ever hold: one slot per token but the last sampled
+    one, which is never fed back. The one rule validation and admission both use."""
+    num_slots = min(num_prompt_tokens + max_tokens, max_model_len) - 1
+    return cdiv(num_slots, block_size)
+
+
 class KVCacheManager:
     """Grows and frees requests' block tables over a BlockPool.
 

@@ -2,13 +2,16 @@
 
 import pytest
 
-from scheduler_svc.validation import Limits, RawParams, RequestError, build_sampling_params, check_prompt
+from scheduler_svc.api.validation import Limits, RawParams, build_sampling_params, check_prompt
+from scheduler_svc.messages import RequestError
 
-LIMITS = Limits(max_model_len=2048, vocab_size=512, block_size=16, num_usable_blocks=49)  # 784 tokens
+# 784 KV slots: room for 785 tokens, as the last sampled token is never fed back (one rule with
+# the scheduler core: kv_cache_manager.max_blocks_needed)
+LIMITS = Limits(max_model_len=2048, vocab_size=512, block_size=16, num_usable_blocks=49)
 
 
 def test_unset_max_tokens_fills_the_context_within_the_cache():
-    assert build_sampling_params(RawParams(), 10, LIMITS).max_tokens == 784 - 10
+    assert build_sampling_params(RawParams(), 10, LIMITS).max_tokens == 785 - 10
     roomy = Limits(max_model_len=100, vocab_size=512, block_size=16, num_usable_blocks=49)
     assert build_sampling_params(RawParams(), 10, roomy).max_tokens == 90
 
@@ -23,13 +26,17 @@ def test_defaults_and_seed():
 @pytest.mark.parametrize("raw,prompt_len,code,needle", [
     (RawParams(max_tokens=0), 10, "INVALID_ARGUMENT", "at least 1"),
     (RawParams(max_tokens=2040), 10, "INVALID_ARGUMENT", "at most 2038"),
-    (RawParams(max_tokens=775), 10, "RESOURCE_EXHAUSTED", "needs up to 50 KV blocks"),
+    (RawParams(max_tokens=775), 10, "RESOURCE_EXHAUSTED", None),  # exactly fills the cache
+    (RawParams(max_tokens=776), 10, "RESOURCE_EXHAUSTED", "needs up to 50 KV blocks"),
     (RawParams(), 800, "RESOURCE_EXHAUSTED", "cache holds 49"),
     (RawParams(max_tokens=5, temperature=float("nan")), 10, "INVALID_ARGUMENT", "temperature"),
     (RawParams(max_tokens=5, stop=("",)), 10, "INVALID_ARGUMENT", "non-empty"),
     (RawParams(max_tokens=5, stop_token_ids=(512,)), 10, "INVALID_ARGUMENT", "stop_token_ids"),
 ])
 def test_refusals(raw, prompt_len, code, needle):
+    if needle is None:  # the edge case that fits
+        assert build_sampling_params(raw, prompt_len, LIMITS).max_tokens == raw.max_tokens
+        return
     with pytest.raises(RequestError) as err:
         build_sampling_params(raw, prompt_len, LIMITS)
     assert err.value.code == code and needle in err.value.message

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import sys
 
@@ -14,11 +13,12 @@ from grpc_reflection.v1alpha import reflection
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+from scheduler_svc.api.engine_client import EngineClient
+from scheduler_svc.api.servicer import LLMServeServicer
 from scheduler_svc.config import SchedulerConfig, from_args
-from scheduler_svc.engine import Engine
-from scheduler_svc.executor_client import CHANNEL_OPTIONS
-from scheduler_svc.servicer import LLMServeServicer
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.core.tokenizer import Tokenizer
+from scheduler_svc.engine.executor_client import CHANNEL_OPTIONS
+from scheduler_svc.runtime import configure_logging, run_async
 
 log = logging.getLogger("llmserve.scheduler")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LLMServe"].full_name
@@ -26,7 +26,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LLMServe"].full_name
 
 async def serve(config: SchedulerConfig) -> bool:
     """Serves until SIGINT/SIGTERM (returns True) or until the engine core dies (False)."""
-    engine = Engine(config)
+    engine = EngineClient(config)
     log.info("waiting for the executor at %s", config.executor_address)
     info = await engine.start()
     log.info("executor ready: model %s, %d KV blocks of %d tokens, max_model_len %d, graphs %s",
@@ -49,7 +49,7 @@ async def serve(config: SchedulerConfig) -> bool:
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     if config.metrics_port:
-        from scheduler_svc.metrics import start_metrics
+        from scheduler_svc.api.metrics import start_metrics
 
         start_metrics(config.metrics_port, engine)
     log.info("serving llmserve.v1.LLMServe on %s", address)
@@ -64,20 +64,6 @@ async def serve(config: SchedulerConfig) -> bool:
     await server.stop(grace=2.0)
     engine.stop()
     return not engine.core_lost.is_set()
-
-
-def run_async(main):
-    """Runs a coroutine under uvloop when it is installed, plain asyncio otherwise."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
-
-
-def configure_logging(level: str, process: str) -> None:
-    logging.basicConfig(level=level.upper(),
-                        format=f"%(asctime)s {process}[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from step_protocol.domain import SamplerParams
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -19,6 +21,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+
+    def sampler_params(self) -> SamplerParams:
+        """The part the executor's sampler needs (sent once with the request)."""
+        return SamplerParams(self.temperature, self.top_k, self.top_p, self.seed)
 
 
 class RequestStatus(enum.Enum):

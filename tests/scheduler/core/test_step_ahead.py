@@ -3,7 +3,7 @@
 import pytest
 
 from tests.scheduler.sched_driver import (EOS, letter, make_scheduler, reference_tokens, req, run)
-from scheduler_svc.request import FinishReason
+from scheduler_svc.core.request import FinishReason
 
 
 def text_of(tokens):
@@ -105,7 +105,7 @@ def test_token_after_finish_is_discarded():
     free = s.num_free_blocks
     p2 = s.schedule()
     assert p2.finished_req_ids == [0]
-    assert [r.req_id for r in p2.cached_requests] == [1]
+    assert p2.cached_requests.req_ids == [1]
     outs = s.update_from_output(p1, {0: 9, 1: 6})  # 9 is the wasted token: never returned
     assert [(o.req_id, o.new_token_ids) for o in outs] == [(1, [6])]
     assert s.num_free_blocks == free + 1  # request 0's block came back only now
@@ -117,7 +117,7 @@ def test_length_limited_request_is_not_scheduled_past_its_last_token():
     s.add_request(req(0, [1, 2], max_tokens=1))
     p0 = s.schedule()
     p1 = s.schedule()  # its only token is in flight: nothing more to compute
-    assert p1.is_empty()
+    assert not p1.has_rows()
     outs = s.update_from_output(p0, {0: 4})
     assert outs[0].finish_reason == FinishReason.LENGTH
     assert s.update_from_output(p1, {}) == []

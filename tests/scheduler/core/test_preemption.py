@@ -1,13 +1,13 @@
 """Preemption by recompute when the block pool runs dry."""
 
-from tests.scheduler.sched_driver import Stream, collect, make_scheduler, req, run
-from scheduler_svc.request import FinishReason, RequestStatus
+from tests.scheduler.sched_driver import Stream, cached_rows, collect, make_scheduler, req, run
+from scheduler_svc.core.request import FinishReason, RequestStatus
 
 
 def rows(plan):
     return ([("new", r.req_id, r.num_scheduled_tokens, len(r.block_ids)) for r in plan.new_requests]
-            + [("cached", r.req_id, r.num_scheduled_tokens, len(r.new_block_ids))
-               for r in plan.cached_requests])
+            + [("cached", req_id, n, len(blocks))
+               for req_id, n, blocks in cached_rows(plan.cached_requests)])
 
 
 def tiny_scheduler():

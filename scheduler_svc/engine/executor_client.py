@@ -6,8 +6,8 @@ import grpc
 
 from protos.llmserve.executor.v1 import executor_pb2 as epb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as epb_grpc
-from scheduler_svc.scheduler_output import SchedulerOutput
-from scheduler_svc.wire import ExecutorInfo, executor_info_from_pb, plan_to_pb
+from step_protocol import codec
+from step_protocol.domain import ExecutorInfo, StepPlan, StepResult
 
 MAX_MESSAGE_BYTES = 64 << 20
 CHANNEL_OPTIONS = [
@@ -21,7 +21,8 @@ class ExecutorUnavailable(Exception):
 
 
 class ExecutorClient:
-    """Sends step plans and reads step results over one bidirectional stream, in order."""
+    """Sends step plans and reads step results over one bidirectional stream, in order (the
+    step loop's transport in the engine core); speaks domain types, converts at this edge."""
 
     def __init__(self, address: str):
         self._address = address
@@ -39,22 +40,22 @@ class ExecutorClient:
         except grpc.aio.AioRpcError as e:
             raise ExecutorUnavailable(f"executor at {self._address}: {e.details()}") from e
         self._stream = stub.Execute()
-        return executor_info_from_pb(info)
+        return codec.info_from_pb(info)
 
-    async def send(self, out: SchedulerOutput) -> None:
+    async def send(self, plan: StepPlan) -> None:
         try:
-            await self._stream.write(plan_to_pb(out))
+            await self._stream.write(codec.plan_to_pb(plan))
         except (grpc.aio.AioRpcError, grpc.aio.UsageError) as e:
             raise ExecutorUnavailable(f"step stream broke while sending: {e}") from e
 
-    async def receive(self) -> epb.StepResult:
+    async def receive(self) -> StepResult:
         try:
             result = await self._stream.read()
         except grpc.aio.AioRpcError as e:
             raise ExecutorUnavailable(f"step stream broke: {e.details()}") from e
         if result is grpc.aio.EOF:
             raise ExecutorUnavailable("the executor closed the step stream")
-        return result
+        return codec.result_from_pb(result)
 
     async def close(self) -> None:
         if self._stream is not None:

@@ -1,6 +1,6 @@
-"""The API side of the engine: one output queue per request, fed by the engine core process.
+"""The API process's handle on the engine: one output queue per request, fed by the engine core.
 
-The scheduler core and the executor stream run in their own process (engine_core.py); this
+The scheduler core and the executor stream run in their own process (engine/core_process.py); this
 side admits and aborts requests over a pipe and fans each step's outputs out to the request
 streams. A stream that falls behind gets its queued outputs folded into fewer messages.
 """
@@ -14,16 +14,17 @@ import multiprocessing
 from collections.abc import AsyncIterator
 
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.engine_core import ALL, CoreStats, EngineError, core_process_main, decode_output
-from scheduler_svc.request import SamplingParams
-from scheduler_svc.scheduler_output import RequestOutput
-from scheduler_svc.wire import ExecutorInfo
+from scheduler_svc.core.outputs import RequestOutput
+from scheduler_svc.core.request import SamplingParams
+from scheduler_svc.engine.core_process import core_process_main
+from scheduler_svc.messages import (ALL, AbortRequest, AddRequest, CoreStats, Failed, Outputs,
+                                    RequestError, decode_output)
+from step_protocol.domain import ExecutorInfo
 
 log = logging.getLogger("llmserve.engine")
-__all__ = ["Engine", "EngineError"]
 
 
-class Engine:
+class EngineClient:
     """Starts the engine core process and streams its outputs to the requests of this process."""
 
     def __init__(self, config: SchedulerConfig):
@@ -46,10 +47,10 @@ class Engine:
         self._process.start()
         child.close()
         loop = asyncio.get_running_loop()
-        kind, payload = await loop.run_in_executor(None, self._conn.recv)
-        if kind != "ready":
-            raise RuntimeError(f"the engine core could not start: {payload}")
-        self.info = payload
+        msg = await loop.run_in_executor(None, self._conn.recv)
+        if isinstance(msg, Failed):
+            raise RuntimeError(f"the engine core could not start: {msg.message}")
+        self.info = msg.info
         loop.add_reader(self._conn.fileno(), self._on_readable)
         return self.info
 
@@ -65,17 +66,17 @@ class Engine:
                        ) -> AsyncIterator[RequestOutput]:
         """Admits a request and yields its outputs; leaving early (cancellation) aborts it."""
         if self.core_lost.is_set():
-            raise EngineError("UNAVAILABLE", "the engine core process is gone")
+            raise RequestError("UNAVAILABLE", "the engine core process is gone")
         req_id = next(self._ids)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[req_id] = queue
-        self._conn.send(("add", req_id, list(prompt_token_ids), params))
+        self._conn.send(AddRequest(req_id, list(prompt_token_ids), params))
         finished = False
         pending: RequestOutput | None = None  # held until stream_interval tokens are ready
         try:
             while not finished:
                 item = _merge_ready(await queue.get(), queue)
-                if isinstance(item, EngineError):
+                if isinstance(item, RequestError):
                     finished = True
                     raise item
                 pending = item if pending is None else _fold(pending, item)
@@ -86,21 +87,21 @@ class Engine:
         finally:
             del self._streams[req_id]
             if not finished and not self.core_lost.is_set():
-                self._conn.send(("abort", req_id))
+                self._conn.send(AbortRequest(req_id))
 
     def _on_readable(self) -> None:
         """Messages from the core process: each step's outputs, to their requests' queues."""
         try:
             while self._conn.poll():
-                _, outputs, errors, stats = self._conn.recv()
-                self.stats = CoreStats(*stats)
-                self._deliver([(t[0], decode_output(t)) for t in outputs])
-                self._deliver(errors)
+                msg: Outputs = self._conn.recv()
+                self.stats = CoreStats(*msg.stats)
+                self._deliver([(t[0], decode_output(t)) for t in msg.outputs])
+                self._deliver(msg.errors)
         except (EOFError, OSError):
             log.error("the engine core process exited; failing %d requests", len(self._streams))
             asyncio.get_running_loop().remove_reader(self._conn.fileno())
             self.core_lost.set()
-            self._deliver([(ALL, EngineError("UNAVAILABLE", "the engine core process exited"))])
+            self._deliver([(ALL, RequestError("UNAVAILABLE", "the engine core process exited"))])
 
     def _deliver(self, items: list) -> None:
         for req_id, item in items:
@@ -123,9 +124,9 @@ def _fold(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
 def _merge_ready(item, queue: asyncio.Queue):
     """Folds outputs already queued behind `item` into one: when the stream falls behind the
     steps, the client gets fewer, larger messages instead of a growing backlog."""
-    while not isinstance(item, EngineError) and item.finish_reason is None and not queue.empty():
+    while not isinstance(item, RequestError) and item.finish_reason is None and not queue.empty():
         nxt = queue.get_nowait()
-        if isinstance(nxt, EngineError):
+        if isinstance(nxt, RequestError):
             return nxt
         item = _fold(item, nxt)
     return item

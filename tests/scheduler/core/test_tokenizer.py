@@ -6,10 +6,10 @@ import shutil
 import jinja2
 import pytest
 
-from scheduler_svc.detokenizer import IncrementalDetokenizer
-from scheduler_svc.request import FinishReason
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.core.detokenizer import IncrementalDetokenizer
+from scheduler_svc.core.request import FinishReason
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.tokenizer import Tokenizer
 from tests.scheduler.sched_driver import make_config, req
 
 TEXTS = ["Hello, world!", "The quick brown fox", "Unicode: café, naïve, 日本語, emoji 🚀",
@@ -125,6 +125,6 @@ def test_tokenizer_does_not_import_transformers():
     import subprocess
     import sys
 
-    code = "import scheduler_svc.tokenizer, scheduler_svc.detokenizer, sys; " \
+    code = "import scheduler_svc.core.tokenizer, scheduler_svc.core.detokenizer, sys; " \
            "assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

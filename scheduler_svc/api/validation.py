@@ -6,16 +6,9 @@ import math
 import random
 from dataclasses import dataclass
 
-from scheduler_svc.request import SamplingParams
-
-
-class RequestError(Exception):
-    """A request the server refuses; `code` names the gRPC status the servicer answers with."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code  # "INVALID_ARGUMENT" or "RESOURCE_EXHAUSTED"
-        self.message = message
+from scheduler_svc.core.kv_cache_manager import max_blocks_needed
+from scheduler_svc.core.request import SamplingParams
+from scheduler_svc.messages import RequestError
 
 
 def invalid(message: str) -> RequestError:
@@ -65,7 +58,8 @@ def build_sampling_params(raw: RawParams, prompt_len: int, limits: Limits) -> Sa
     """Validates the client's parameters and fills the defaults (max_tokens, seed, ...)."""
     room = limits.max_model_len - prompt_len
     if raw.max_tokens is None:  # fill the context, but no further than the KV cache could hold
-        cache_room = limits.num_usable_blocks * limits.block_size - prompt_len
+        # (the last sampled token needs no slot: see max_blocks_needed)
+        cache_room = limits.num_usable_blocks * limits.block_size + 1 - prompt_len
         max_tokens = min(room, cache_room) if cache_room > 0 else room
     else:
         max_tokens = raw.max_tokens
@@ -89,7 +83,7 @@ def build_sampling_params(raw: RawParams, prompt_len: int, limits: Limits) -> Sa
         raise invalid(f"stop_token_ids outside the vocabulary [0, {limits.vocab_size}): {bad[:5]}")
     if any(s == "" for s in raw.stop):
         raise invalid("stop strings must be non-empty")
-    needed = -(-(prompt_len + max_tokens) // limits.block_size)
+    needed = max_blocks_needed(prompt_len, max_tokens, limits.max_model_len, limits.block_size)
     if needed > limits.num_usable_blocks:
         raise RequestError(
             "RESOURCE_EXHAUSTED",

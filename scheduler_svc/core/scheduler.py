@@ -11,10 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from step_protocol.domain import NewRequestData, StepPlan
+
 from .detokenizer import detokenizer_factory as make_detokenizer_factory
-from .kv_cache_manager import KVCacheManager, cdiv
+from .kv_cache_manager import KVCacheManager, max_blocks_needed
+from .outputs import RequestOutput
 from .request import FinishReason, Request, RequestStatus
-from .scheduler_output import CachedRequestData, NewRequestData, RequestOutput, SchedulerOutput
 from .stop import StopStringMatcher, length_reached, process_token
 from .tokenizer import Tokenizer
 
@@ -86,11 +88,11 @@ class Scheduler:
             raise ValueError(f"prompt has {num_prompt} tokens; need 1 to {max_len - 1}")
         if request.params.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
-        # The last sampled token is never fed back, so it needs no slot.
-        num_slots = min(num_prompt + request.params.max_tokens, max_len) - 1
-        if cdiv(num_slots, self.config.block_size) > self.num_total_blocks:
-            raise ValueError(f"request needs {num_slots} KV slots; the cache has "
-                             f"{self.num_total_blocks * self.config.block_size}")
+        num_blocks = max_blocks_needed(num_prompt, request.params.max_tokens, max_len,
+                                       self.config.block_size)
+        if num_blocks > self.num_total_blocks:
+            raise ValueError(f"request needs up to {num_blocks} KV blocks; the cache has "
+                             f"{self.num_total_blocks}")
 
     def abort_request(self, req_id: int) -> None:
         """Finishes the request as CANCELLED; no output is returned for it from now on.
@@ -126,19 +128,19 @@ class Scheduler:
 
     # -- planning ------------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self) -> StepPlan:
         """Plans the next step: running requests first (oldest first), then waiting ones."""
-        out = SchedulerOutput(step_id=self._next_step_id, finished_req_ids=self._finished_req_ids)
+        out = StepPlan(step_id=self._next_step_id, finished_req_ids=self._finished_req_ids)
         self._next_step_id += 1
         self._finished_req_ids = []
         budget, can_admit = self._schedule_running(out, self.config.max_num_batched_tokens)
         if can_admit:
             self._schedule_waiting(out, budget)
-        if not out.is_empty():
+        if out.has_rows():
             self._inflight_step_ids.append(out.step_id)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> tuple[int, bool]:
+    def _schedule_running(self, out: StepPlan, budget: int) -> tuple[int, bool]:
         """Returns the budget left and whether waiting requests may be admitted this step."""
         i = 0
         while i < len(self.running) and budget > 0:
@@ -150,14 +152,13 @@ class Scheduler:
             if not self._make_room(request, num_new_tokens, out):
                 return budget, False
             new_block_ids = self.kv.allocate_slots(request, num_new_tokens)
-            out.cached_requests.append(
-                CachedRequestData(request.req_id, new_block_ids, num_new_tokens))
+            out.cached_requests.append(request.req_id, num_new_tokens, new_block_ids)
             self._advance(request, num_new_tokens)
             budget -= num_new_tokens
             i += 1
         return budget, not out.preempted_req_ids
 
-    def _make_room(self, request: Request, num_new_tokens: int, out: SchedulerOutput) -> bool:
+    def _make_room(self, request: Request, num_new_tokens: int, out: StepPlan) -> bool:
         """Preempts the newest running requests until request's new slots fit in the pool.
 
         Blocks of preempted or finished requests still in a step in flight come back only
@@ -179,7 +180,7 @@ class Scheduler:
         num_held = sum(len(r.block_ids) for r in self.running)
         return self.num_total_blocks - self.num_free_blocks - num_held
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: StepPlan, budget: int) -> None:
         """Admits waiting requests in order (FCFS) while budget, seats and blocks last."""
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
@@ -191,7 +192,8 @@ class Scheduler:
             self.waiting.popleft()
             self.kv.allocate_slots(request, num_new_tokens)
             out.new_requests.append(NewRequestData(
-                request.req_id, request.all_token_ids, request.params, list(request.block_ids),
+                request.req_id, request.all_token_ids, request.params.sampler_params(),
+                list(request.block_ids),
                 request.num_computed_tokens, num_new_tokens))
             request.status = RequestStatus.RUNNING
             bisect.insort(self.running, request, key=lambda r: r.arrival_order)
@@ -213,7 +215,7 @@ class Scheduler:
         if request.num_computed_tokens == request.num_tokens_with_pending:
             request.num_pending_tokens += 1  # the row reaches the end of its tokens: it samples
 
-    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, request: Request, out: StepPlan) -> None:
         """Recompute later: drop its KV, keep its tokens, put it at the front of the queue."""
         self.running.remove(request)
         request.status = RequestStatus.PREEMPTED
@@ -224,7 +226,7 @@ class Scheduler:
 
     # -- results -------------------------------------------------------------------------
 
-    def update_from_output(self, output: SchedulerOutput,
+    def update_from_output(self, output: StepPlan,
                            sampled: dict[int, int]) -> list[RequestOutput]:
         """Applies a step's sampled tokens (req_id -> token id); returns what each request
         produced. Tokens of requests finished or aborted meanwhile are discarded.
@@ -232,7 +234,7 @@ class Scheduler:
         sampled must hold every row that reached the end of its tokens (a partial prefill
         chunk samples nothing). If the executor failed the step, abort its requests.
         """
-        if output.is_empty():
+        if not output.has_rows():
             return []
         if not self._inflight_step_ids or self._inflight_step_ids[0] != output.step_id:
             raise RuntimeError(f"step {output.step_id} applied out of order; "

@@ -1,0 +1,118 @@
+"""Executor start-up: everything before the first step, in order, done once.
+
+Resolve the model folder, load the weights, create the request rows and step buffers, measure
+the activation peak of the largest step (CUDA), size and allocate the KV cache from what is
+left, capture the decode graphs, and hand all of it to a ModelRunner (which only runs steps).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from executor_svc import kv_cache, loader
+from executor_svc.attention import AttentionMetadata
+from executor_svc.config import ExecutorConfig
+from executor_svc.cuda_graphs import GraphRunner
+from executor_svc.input_batch import InputBatch
+from executor_svc.model_runner import ModelRunner
+from executor_svc.models.llama import LlamaForCausalLM
+from executor_svc.step_buffers import StepBuffers
+from executor_svc.step_inputs import StepLimits
+from step_protocol.domain import ExecutorInfo
+
+log = logging.getLogger(__name__)
+PROFILE_SEQ_LEN = 512  # the profiling step is max_num_batched_tokens as sequences of this length
+
+
+def build_runner(config: ExecutorConfig) -> ModelRunner:
+    """Loads, sizes, allocates and captures what config asks for; returns the runner over it."""
+    device, dtype = torch.device(config.device), getattr(torch, config.dtype)
+    model_path = resolve_model_path(config)
+    t0 = time.perf_counter()
+    hf_config = loader.load_hf_config(model_path)
+    model = loader.load_model(model_path, device, dtype)
+    log.info("loaded %s in %.2f s", model_path, time.perf_counter() - t0)
+    args = model.args
+    max_model_len = config.max_model_len or args.max_position_embeddings
+    limits = StepLimits(config.block_size, max_model_len, config.max_num_seqs,
+                        config.max_num_batched_tokens)
+    max_blocks_per_seq = -(-max_model_len // config.block_size)
+    # before the KV sizing, so that what they hold on the device is not counted as free
+    batch = InputBatch(config.max_num_seqs, max_blocks_per_seq, device)
+    buffers = StepBuffers(config.max_num_seqs, config.max_num_batched_tokens, max_blocks_per_seq, device)
+    num_blocks = measure_num_blocks(config, model, limits)
+    kv_caches = kv_cache.allocate_kv_caches(args, num_blocks, config.block_size, dtype, device)
+    log.info("KV cache: %d blocks of %d tokens", num_blocks, config.block_size)
+    graphs = None
+    if config.use_cuda_graphs:
+        graphs = GraphRunner(model, buffers, kv_caches, batch.last_sampled_gpu, config.cuda_graph_sizes,
+                             max_model_len)
+    info = ExecutorInfo(
+        model_name=config.model_name or model_path.name, model_path=str(model_path),
+        vocab_size=args.vocab_size, eos_token_ids=tuple(loader.eos_token_ids(model_path, hf_config)),
+        max_model_len=max_model_len, block_size=config.block_size, num_blocks=num_blocks,
+        cuda_graph_sizes=tuple(graphs.sizes) if graphs else (), max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens, device=device.type, dtype=config.dtype)
+    return ModelRunner(model, kv_caches, batch, buffers, limits, info, graphs)
+
+
+def resolve_model_path(config: ExecutorConfig) -> Path:
+    """The configured model folder, or the built-in random demo model (built on first use)."""
+    if config.model:
+        return Path(config.model)
+    from executor_svc.random_model import demo_model_path
+
+    return demo_model_path()
+
+
+def measure_num_blocks(config: ExecutorConfig, model: LlamaForCausalLM, limits: StepLimits) -> int:
+    """KV blocks that fit: --num-kv-blocks if set; on CPU --cpu-kv-cache-gib; on CUDA the free
+    memory under --gpu-memory-utilization minus the activation peak of the largest step."""
+    if config.num_kv_blocks:
+        return config.num_kv_blocks
+    device, dtype = torch.device(config.device), getattr(torch, config.dtype)
+    if device.type != "cuda":
+        budget = int(config.cpu_kv_cache_gib * (1 << 30))
+    else:
+        budget = kv_cache.cuda_kv_budget(device, config.gpu_memory_utilization,
+                                         profile_run(model, limits, device, dtype))
+    num_blocks = kv_cache.num_blocks_from_budget(budget, model.args, limits.block_size, dtype)
+    if num_blocks < 2:
+        raise RuntimeError(f"no memory left for the KV cache (budget {budget} bytes)")
+    return num_blocks
+
+
+@torch.inference_mode()
+def profile_run(model: LlamaForCausalLM, limits: StepLimits, device: torch.device,
+                dtype: torch.dtype) -> int:
+    """Runs the largest step (max_num_tokens, as sequences of <= PROFILE_SEQ_LEN tokens) over a
+    scratch cache and scratch buffers (CUDA); returns the activation peak in bytes above the
+    memory resident before it."""
+    t, block_size = limits.max_num_tokens, limits.block_size
+    seq = min(PROFILE_SEQ_LEN, limits.max_model_len)
+    lens = [seq] * (t // seq) + ([t % seq] if t % seq else [])
+    blocks_per_seq = -(-seq // block_size)
+    caches = kv_cache.allocate_kv_caches(model.args, 1 + blocks_per_seq, block_size, dtype, device)
+    buf = StepBuffers(len(lens), t, blocks_per_seq, device)  # input ids 0, use_last False
+    pos = np.concatenate([np.arange(n) for n in lens])
+    buf.positions.np[:t] = pos
+    buf.slot_mapping.np[:t] = block_size + pos  # blocks 1.. of the scratch cache
+    buf.block_tables.np[:] = np.arange(1, 1 + blocks_per_seq)  # every sequence: blocks 1..
+    buf.seq_lens.np[:] = lens
+    buf.query_start_loc.np[:] = np.cumsum([0] + lens)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    buf.copy_to_device(len(lens), t)
+    attn = AttentionMetadata.from_buffers(buf, len(lens), t, max_query_len=seq, max_seq_len=seq)
+    hidden = model(buf.input_ids.gpu[:t], buf.positions.gpu[:t], attn, caches)  # [T, H]
+    model.compute_logits(hidden[: limits.max_num_seqs])
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated(device) - base
+    del caches, hidden
+    return peak

@@ -1,0 +1,5 @@
+import sys
+
+from llmserve.launcher import main
+
+sys.exit(main())

@@ -1,0 +1,81 @@
+"""The engine's one step loop: plan a step, send it, apply results — over any transport.
+
+The engine-core process runs it over the gRPC step stream (executor_client.py), the in-process
+benchmark over a ModelRunner, the scheduler tests over a fake executor. With depth 2 the loop
+keeps one step queued at the executor: it sends step N+1 before it reads step N's result
+(decode rows carry no token ids; the executor feeds its own last sample).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from scheduler_svc.core.outputs import RequestOutput
+from scheduler_svc.core.scheduler import Scheduler, StepResultError
+from scheduler_svc.messages import RequestError
+from step_protocol.domain import StepPlan, StepResult
+
+log = logging.getLogger("llmserve.step_loop")
+# What a step hands on: its requests' outputs and the requests it failed.
+OutputSink = Callable[[list[RequestOutput], list[tuple[int, RequestError]]], None]
+
+
+class Transport(Protocol):
+    """Carries plans to an executor and its results back, in order."""
+
+    async def send(self, plan: StepPlan) -> None: ...
+
+    async def receive(self) -> StepResult: ...
+
+
+class StepLoop:
+    """Drives a Scheduler over a Transport, at most `depth` steps in flight."""
+
+    def __init__(self, scheduler: Scheduler, transport: Transport, depth: int, on_outputs: OutputSink,
+                 on_result: Callable[[StepResult], None] | None = None):
+        self.scheduler = scheduler
+        self.transport = transport
+        self.depth = depth
+        self.on_outputs = on_outputs
+        self.on_result = on_result  # sees every result (timings) before it is applied
+        self.inflight: deque[StepPlan] = deque()
+        self.num_planned = 0  # schedule() calls so far
+
+    async def step(self) -> bool:
+        """Does one thing: sends the next plan when one may go, else applies the oldest
+        result. Returns False when there is nothing to do now (idle, or work that cannot be
+        scheduled until something changes) and nothing is in flight."""
+        if len(self.inflight) < self.depth and self.scheduler.has_work():
+            plan = self.scheduler.schedule()
+            self.num_planned += 1
+            if not plan.is_empty():
+                await self.transport.send(plan)
+                self.inflight.append(plan)
+                return True
+        if self.inflight:
+            self._apply(await self.transport.receive())
+            return True
+        return False
+
+    async def run_until_idle(self) -> None:
+        while await self.step():
+            pass
+
+    def _apply(self, result: StepResult) -> None:
+        plan = self.inflight.popleft()
+        if result.step_id != plan.step_id:
+            raise StepResultError(f"result for step {result.step_id}, expected {plan.step_id}")
+        if self.on_result is not None:
+            self.on_result(result)
+        if not result.error:
+            self.on_outputs(self.scheduler.update_from_output(plan, result.sampled()), [])
+            return
+        log.error("step %d failed on the executor: %s", plan.step_id, result.error)
+        error = RequestError("INTERNAL", f"the executor failed the step: {result.error}")
+        for req_id in plan.scheduled_req_ids:
+            self.scheduler.abort_request(req_id)  # before the update: their tokens are not coming
+        self.scheduler.update_from_output(plan, {})
+        self.on_outputs([], [(req_id, error) for req_id in plan.scheduled_req_ids])

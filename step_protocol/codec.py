@@ -1,0 +1,83 @@
+"""The only conversion between the step protocol's domain types and its protobuf messages.
+
+The scheduler encodes plans and decodes results and the handshake; the executor does the
+reverse. Columns are copied as columns (packed repeated fields), never split into rows.
+"""
+
+from __future__ import annotations
+
+from protos.llmserve.executor.v1 import executor_pb2 as pb
+from step_protocol.domain import (CachedRequestData, ExecutorInfo, NewRequestData, SamplerParams,
+                                 StepPlan, StepResult)
+
+
+def plan_to_pb(plan: StepPlan) -> pb.StepPlan:
+    c = plan.cached_requests
+    return pb.StepPlan(
+        step_id=plan.step_id,
+        new_requests=[
+            pb.NewRequest(
+                req_id=r.req_id, token_ids=r.token_ids, sampler_params=_sampler_to_pb(r.sampler_params),
+                block_ids=r.block_ids, num_computed_tokens=r.num_computed_tokens,
+                num_scheduled_tokens=r.num_scheduled_tokens)
+            for r in plan.new_requests],
+        cached_requests=pb.CachedRequests(
+            req_ids=c.req_ids, num_scheduled_tokens=c.num_scheduled_tokens,
+            num_new_blocks=c.num_new_blocks, new_block_ids=c.new_block_ids),
+        finished_req_ids=plan.finished_req_ids, preempted_req_ids=plan.preempted_req_ids)
+
+
+def plan_from_pb(msg: pb.StepPlan) -> StepPlan:
+    c = msg.cached_requests
+    return StepPlan(
+        step_id=msg.step_id,
+        new_requests=[
+            NewRequestData(
+                req_id=r.req_id, token_ids=list(r.token_ids),
+                sampler_params=_sampler_from_pb(r.sampler_params), block_ids=list(r.block_ids),
+                num_computed_tokens=r.num_computed_tokens, num_scheduled_tokens=r.num_scheduled_tokens)
+            for r in msg.new_requests],
+        cached_requests=CachedRequestData(
+            req_ids=list(c.req_ids), num_scheduled_tokens=list(c.num_scheduled_tokens),
+            num_new_blocks=list(c.num_new_blocks), new_block_ids=list(c.new_block_ids)),
+        finished_req_ids=list(msg.finished_req_ids), preempted_req_ids=list(msg.preempted_req_ids))
+
+
+def result_to_pb(result: StepResult) -> pb.StepResult:
+    return pb.StepResult(
+        step_id=result.step_id, req_ids=result.req_ids, token_ids=result.token_ids,
+        prepare_us=result.prepare_us, forward_us=result.forward_us, sample_us=result.sample_us,
+        graph_size=result.graph_size, error=result.error)
+
+
+def result_from_pb(msg: pb.StepResult) -> StepResult:
+    return StepResult(
+        step_id=msg.step_id, req_ids=list(msg.req_ids), token_ids=list(msg.token_ids),
+        prepare_us=msg.prepare_us, forward_us=msg.forward_us, sample_us=msg.sample_us,
+        graph_size=msg.graph_size, error=msg.error)
+
+
+def info_to_pb(info: ExecutorInfo) -> pb.ExecutorInfo:
+    return pb.ExecutorInfo(
+        model_name=info.model_name, model_path=info.model_path, vocab_size=info.vocab_size,
+        eos_token_ids=list(info.eos_token_ids), max_model_len=info.max_model_len,
+        block_size=info.block_size, num_blocks=info.num_blocks,
+        cuda_graph_sizes=list(info.cuda_graph_sizes), max_num_seqs=info.max_num_seqs,
+        max_num_batched_tokens=info.max_num_batched_tokens, device=info.device, dtype=info.dtype)
+
+
+def info_from_pb(m: pb.ExecutorInfo) -> ExecutorInfo:
+    return ExecutorInfo(
+        model_name=m.model_name, model_path=m.model_path, vocab_size=m.vocab_size,
+        eos_token_ids=tuple(m.eos_token_ids), max_model_len=m.max_model_len,
+        block_size=m.block_size, num_blocks=m.num_blocks,
+        cuda_graph_sizes=tuple(m.cuda_graph_sizes), max_num_seqs=m.max_num_seqs,
+        max_num_batched_tokens=m.max_num_batched_tokens, device=m.device, dtype=m.dtype)
+
+
+def _sampler_to_pb(p: SamplerParams) -> pb.SamplerParams:
+    return pb.SamplerParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed)
+
+
+def _sampler_from_pb(m: pb.SamplerParams) -> SamplerParams:
+    return SamplerParams(temperature=m.temperature, top_k=m.top_k, top_p=m.top_p, seed=m.seed)

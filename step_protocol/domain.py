@@ -1,0 +1,137 @@
+"""Domain types of the step protocol, shared by the scheduler (which writes plans and reads
+results) and the executor (which reads plans and writes results). See docs/contracts.md.
+
+A request's data crosses once (NewRequestData), then only deltas (CachedRequestData, held as
+columns end to end, as vLLM V1's scheduler output does). Decode rows carry no token ids: past
+the tokens it was sent, a request's input is the token the executor sampled for it last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplerParams:
+    """How the executor's sampler picks a request's tokens (the device part of a request's
+    parameters; stop rules and max_tokens stay in the scheduler)."""
+
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = no top-k cut
+    top_p: float = 1.0  # 1 = no nucleus cut
+    seed: int = 0  # sampling is a pure function of (seed, position)
+
+
+@dataclass
+class NewRequestData:
+    """A request the executor has no row for: sent in full, once (again after preemption)."""
+
+    req_id: int
+    # Every token id known so far: the prompt, plus the tokens generated before a preemption.
+    token_ids: list[int]
+    sampler_params: SamplerParams
+    # The whole block table; later steps send only appended blocks.
+    block_ids: list[int]
+    # Tokens whose KV is already in the cache (0 until prefix caching).
+    num_computed_tokens: int
+    # Tokens to compute this step, starting at num_computed_tokens (a chunk may stop short).
+    num_scheduled_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """Requests the executor already holds a row for, scheduled again: parallel columns,
+    one entry per row in plan order (only what changed)."""
+
+    req_ids: list[int] = field(default_factory=list)
+    # Tokens each row computes this step; a decode row is 1 and carries no token id because
+    # the executor feeds its own last sample.
+    num_scheduled_tokens: list[int] = field(default_factory=list)
+    # Blocks appended to each row's table this step (usually 0) ...
+    num_new_blocks: list[int] = field(default_factory=list)
+    # ... and those blocks, concatenated in row order.
+    new_block_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def decode_rows(cls, req_ids: list[int]) -> CachedRequestData:
+        """Plain decode rows: one token each, no new block."""
+        n = len(req_ids)
+        return cls(list(req_ids), [1] * n, [0] * n, [])
+
+    def append(self, req_id: int, num_scheduled_tokens: int, new_block_ids: list[int]) -> None:
+        self.req_ids.append(req_id)
+        self.num_scheduled_tokens.append(num_scheduled_tokens)
+        self.num_new_blocks.append(len(new_block_ids))
+        self.new_block_ids.extend(new_block_ids)
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+
+@dataclass
+class StepPlan:
+    """The plan of one step, as the scheduler decided it and the executor runs it."""
+
+    step_id: int
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    cached_requests: CachedRequestData = field(default_factory=CachedRequestData)
+    # Requests that finished or were aborted since the last plan: the executor drops their rows.
+    finished_req_ids: list[int] = field(default_factory=list)
+    # Requests preempted since the last plan: the executor drops their rows; they come back
+    # later as NewRequestData.
+    preempted_req_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return (sum(r.num_scheduled_tokens for r in self.new_requests)
+                + sum(self.cached_requests.num_scheduled_tokens))
+
+    @property
+    def scheduled_req_ids(self) -> list[int]:
+        """Rows of this step, in plan order (new requests first)."""
+        return [r.req_id for r in self.new_requests] + self.cached_requests.req_ids
+
+    def has_rows(self) -> bool:
+        """Whether the step computes anything (a plan without rows needs no result)."""
+        return bool(self.new_requests or self.cached_requests.req_ids)
+
+    def is_empty(self) -> bool:
+        """Nothing to tell the executor at all (no rows, nothing to forget)."""
+        return not (self.has_rows() or self.finished_req_ids or self.preempted_req_ids)
+
+
+@dataclass
+class StepResult:
+    """What the executor answers for one plan: a sampled token per request that completed its
+    known tokens (a partial prefill chunk samples nothing), in plan order, and timings."""
+
+    step_id: int
+    req_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    prepare_us: int = 0  # host-side input preparation
+    forward_us: int = 0  # device time of the forward pass
+    sample_us: int = 0  # device time of sampling
+    graph_size: int = 0  # batch size of the replayed CUDA graph; 0 = eager
+    error: str = ""  # non-empty when the step failed: the scheduler fails its requests
+
+    def sampled(self) -> dict[int, int]:
+        """req_id -> sampled token id."""
+        return dict(zip(self.req_ids, self.token_ids))
+
+
+@dataclass(frozen=True)
+class ExecutorInfo:
+    """What the executor loaded and allocated (the handshake answer)."""
+
+    model_name: str
+    model_path: str  # folder the model was loaded from (the scheduler reads its tokenizer)
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
+    block_size: int
+    num_blocks: int  # null block 0 included
+    cuda_graph_sizes: tuple[int, ...]  # captured, ascending; () when eager
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    device: str
+    dtype: str
