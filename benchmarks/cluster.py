@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from llmserve.launcher import services_env
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 
@@ -25,12 +27,16 @@ def free_port() -> int:
 
 
 class Cluster:
-    """An executor and a scheduler process serving one model folder."""
+    """An executor and a scheduler process serving one model folder. They share a fresh
+    internal token (`internal_token`, passed as the launcher passes it); the executor listens
+    on `executor_address`."""
 
     def __init__(self, model: Path, log_dir: Path, executor_args=(), scheduler_args=(),
                  timeout: float = 120, executor_module: str = "executor_svc"):
         self.port, executor_port = free_port(), free_port()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        self.internal_token = secrets.token_urlsafe(32)
+        self.executor_address = f"127.0.0.1:{executor_port}"
+        env = services_env({**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, self.internal_token)
         log_dir.mkdir(parents=True, exist_ok=True)
         self._logs = [open(log_dir / "executor.log", "w"), open(log_dir / "scheduler.log", "w")]
         self._executor_cmd = [sys.executable, "-m", executor_module, "--model", str(model),
@@ -41,13 +47,17 @@ class Cluster:
                              stderr=subprocess.STDOUT),
             subprocess.Popen(
                 [sys.executable, "-m", "scheduler_svc", "--port", str(self.port),
-                 "--executor-address", f"127.0.0.1:{executor_port}", *scheduler_args],
+                 "--executor-address", self.executor_address, *scheduler_args],
                 cwd=ROOT, env=env, stdout=self._logs[1], stderr=subprocess.STDOUT),
         ]
         self.address = f"127.0.0.1:{self.port}"
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.LLMServeStub(self.channel)
-        self._wait_serving(timeout)
+        try:
+            self._wait_serving(timeout)
+        except BaseException:
+            self.stop()  # no process outlives a cluster that failed to start
+            raise
 
     def _wait_serving(self, timeout: float) -> None:
         health = health_pb2_grpc.HealthStub(self.channel)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ENV_PREFIX = "LLMSERVE_EXECUTOR_"
+# One secret for both services (the launcher and docker-compose set it); the service's own
+# LLMSERVE_EXECUTOR_INTERNAL_TOKEN wins over it, and --internal-token over both.
+SHARED_TOKEN_ENV = "LLMSERVE_INTERNAL_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,12 @@ class ExecutorConfig:
     cpu_kv_cache_gib: float = 1.0  # KV budget on CPU when num_kv_blocks is 0
     enforce_eager: bool = False  # no CUDA graphs
     cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes to capture, ascending
+    # The secret every executor RPC but grpc.health.v1 must carry ("authorization: Bearer
+    # <token>"): only the scheduler that knows it may reset, plan or stream (docs/hardening.md).
+    internal_token: str = field(default="", repr=False)
+    # Serve without a token (any local process may drive the executor); refused otherwise.
+    insecure_no_auth: bool = False
+    enable_reflection: bool = False  # gRPC server reflection (off: it maps the internal API)
 
     @property
     def use_cuda_graphs(self) -> bool:
@@ -53,7 +62,8 @@ class ExecutorConfig:
             max_num_batched_tokens=max(max_tokens, max_num_seqs), max_model_len=ns.max_model_len,
             gpu_memory_utilization=ns.gpu_memory_utilization, num_kv_blocks=ns.num_kv_blocks,
             cpu_kv_cache_gib=ns.cpu_kv_cache_gib, enforce_eager=ns.enforce_eager,
-            cuda_graph_sizes=sizes,
+            cuda_graph_sizes=sizes, internal_token=ns.internal_token,
+            insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
         )
 
 
@@ -94,6 +104,17 @@ def _parser() -> argparse.ArgumentParser:
     add("num-kv-blocks", int, 0, "number of KV blocks (0 = measure / from --cpu-kv-cache-gib)")
     add("cpu-kv-cache-gib", float, 1.0, "KV cache budget on CPU, GiB")
     add("cuda-graph-sizes", str, "", "comma-separated decode batch sizes to capture")
-    eager_env = str(_env("enforce-eager", "")).lower() in ("1", "true", "yes", "on")
-    p.add_argument("--enforce-eager", action="store_true", default=eager_env, help="disable CUDA graphs")
+    add("internal-token", str, os.environ.get(SHARED_TOKEN_ENV, ""),
+        f"secret the scheduler must send (prefer the env var {ENV_PREFIX}INTERNAL_TOKEN or "
+        f"{SHARED_TOKEN_ENV}: flags show in ps)")
+    switch(p, "enforce-eager", "disable CUDA graphs")
+    switch(p, "insecure-no-auth", "serve without an internal token: any process that reaches the "
+           "port can reset the executor and send it plans")
+    switch(p, "enable-reflection", "serve gRPC server reflection")
     return p
+
+
+def switch(p: argparse.ArgumentParser, flag: str, help_: str) -> None:
+    """A boolean flag, on when given or when LLMSERVE_EXECUTOR_<FLAG> is 1/true/yes/on."""
+    on = str(_env(flag, "")).lower() in ("1", "true", "yes", "on")
+    p.add_argument(f"--{flag}", action="store_true", default=on, help=help_)

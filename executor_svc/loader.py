@@ -1,4 +1,5 @@
-"""Loads a Hugging Face model folder into our model: config via transformers, weights via safetensors."""
+"""Loads a Hugging Face model folder into our model: config via transformers (local files only,
+checked by model_checks), weights via safetensors."""
 
 from __future__ import annotations
 
@@ -9,12 +10,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from executor_svc import model_checks
+from executor_svc.model_checks import ModelError
 from executor_svc.models.llama import LlamaForCausalLM, ModelArgs
 
 log = logging.getLogger(__name__)
-
-# config.model_type of the families we serve (LlamaForCausalLM, MistralForCausalLM, ...)
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # checkpoint name piece -> (our fused parameter piece, index of the part in the fused tensor)
 _FUSED = {
     "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -23,17 +23,28 @@ _FUSED = {
 
 
 def load_hf_config(path: str | Path):
+    """The folder's config.json through transformers, local files only (never the Hub); checked
+    (model_checks.check_config). ModelError, one line, for anything we cannot serve."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(path))
-
-
-def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
-    """Builds the model for the folder's config.json and loads its safetensors weights."""
     path = Path(path)
-    cfg = load_hf_config(path)
-    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"unsupported model type {cfg.model_type!r} (supported: {SUPPORTED_MODEL_TYPES})")
+    model_checks.check_model_folder(path)
+    model_checks.read_model_type(path)
+    try:
+        cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"{path / 'config.json'}: transformers cannot read it: {reason}") from None
+    model_checks.check_config(cfg)
+    return cfg
+
+
+def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype,
+               hf_config=None) -> LlamaForCausalLM:
+    """Builds the model for the folder's config.json (or hf_config, already loaded) and loads
+    its safetensors weights."""
+    path = Path(path)
+    cfg = hf_config if hf_config is not None else load_hf_config(path)
     args = ModelArgs.from_hf_config(cfg)
     with torch.device("meta"):
         model = LlamaForCausalLM(args).to(dtype)
@@ -54,7 +65,7 @@ def _safetensors_files(path: Path) -> list[Path]:
         return [path / f for f in sorted(set(weight_map.values()))]
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no safetensors weights in {path}")
+        raise ModelError(f"--model {path}: no *.safetensors weights in the folder")
     return files
 
 
@@ -81,7 +92,7 @@ def load_weights(model: LlamaForCausalLM, path: Path) -> None:
                 if name == "lm_head.weight" and args.tie_word_embeddings:
                     continue
                 if name not in params:
-                    raise KeyError(f"unexpected weight {ckpt_name!r} in {file.name}")
+                    raise ModelError(f"unexpected weight {ckpt_name!r} in {file.name}")
                 param = params[name]
                 if part is not None:
                     bounds = offsets[name.split(".")[-2]]
@@ -89,7 +100,7 @@ def load_weights(model: LlamaForCausalLM, path: Path) -> None:
                     name = f"{name}#{part}"
                 tensor = f.get_tensor(ckpt_name)
                 if tensor.shape != param.shape:
-                    raise ValueError(f"{ckpt_name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+                    raise ModelError(f"{ckpt_name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}")
                 param.copy_(tensor)
                 loaded.add(name)
     _check_complete(model, loaded)
@@ -107,7 +118,7 @@ def _check_complete(model: LlamaForCausalLM, loaded: set[str]) -> None:
         expected.discard("lm_head.weight")
     missing = expected - loaded
     if missing:
-        raise ValueError(f"weights missing from the checkpoint: {sorted(missing)[:8]}")
+        raise ModelError(f"weights missing from the checkpoint: {sorted(missing)[:8]}")
 
 
 def eos_token_ids(path: str | Path, hf_config) -> list[int]:

@@ -17,6 +17,7 @@ from executor_svc.attention import AttentionMetadata
 from executor_svc.cuda_graphs import GraphRunner
 from executor_svc.input_batch import InputBatch
 from executor_svc.models.llama import KVCache, LlamaForCausalLM
+from executor_svc.plan_checks import check_plan
 from executor_svc.sampler import SamplingTensors, sample
 from executor_svc.step_buffers import StepBuffers
 from executor_svc.step_inputs import PreparedStep, Scheduled, StepLimits, prepare_step
@@ -84,9 +85,10 @@ class ModelRunner:
     def launch(self, plan: StepPlan) -> StepHandle:
         """Enqueues one step on the device and returns without waiting for it.
 
-        Updates rows, prepares the inputs in host set (step parity), copies them non-blocking,
-        runs the forward (graph replay or eager), samples on the device, stores the ids as the
-        rows' last tokens, enqueues their copy into a pinned host buffer and records an event.
+        Checks the plan (a bad one raises PlanError and changes nothing), updates rows,
+        prepares the inputs in host set (step parity), copies them non-blocking, runs the
+        forward (graph replay or eager), samples on the device, stores the ids as the rows'
+        last tokens, enqueues their copy into a pinned host buffer and records an event.
         No host synchronisation, except when the step that last used this parity's buffers has
         not been finished yet (more than two steps outstanding): then it is finished first.
         Steps must be finished in launch order; finish() may run on another thread.
@@ -142,18 +144,16 @@ class ModelRunner:
             return out
 
     def _update_states(self, plan: StepPlan) -> Scheduled:
-        """Drops finished/preempted rows, adds new requests, applies the block deltas of the
-        cached ones (columns, used as they come). Returns the scheduled rows
-        (num_scheduled_tokens > 0) in plan order: new requests, then cached ones."""
+        """Checks the plan (plan_checks.py: PlanError, nothing changed), then drops finished /
+        preempted rows, adds new requests and applies the block deltas of the cached ones
+        (columns, used as they come). Returns the scheduled rows in plan order: new requests,
+        then cached ones."""
+        checked = check_plan(plan, self.batch, self._info)
         batch, cached = self.batch, plan.cached_requests
-        num_new_blocks = np.asarray(cached.num_new_blocks, dtype=np.int64)  # [C]
-        if not (len(cached.req_ids) == len(cached.num_scheduled_tokens) == len(num_new_blocks)
-                and int(num_new_blocks.sum()) == len(cached.new_block_ids)):
-            raise ValueError("cached_requests: columns of different lengths")
         for req_id in (*plan.finished_req_ids, *plan.preempted_req_ids):
             batch.remove(req_id)
         new_rows = [batch.add(new).row for new in plan.new_requests]
-        cached_rows = batch.rows_of(cached.req_ids)  # [C] int64; KeyError for an unknown id
+        cached_rows, num_new_blocks = checked.cached_rows, checked.num_new_blocks  # [C] int64
         if num_new_blocks.any():  # usually no row crosses into a new block
             ends = np.cumsum(num_new_blocks)  # row i owns new_block_ids[ends[i] - n_i:ends[i]]
             for i in np.flatnonzero(num_new_blocks).tolist():
@@ -163,9 +163,6 @@ class ModelRunner:
         counts = np.concatenate([
             np.array([new.num_scheduled_tokens for new in plan.new_requests], dtype=np.int64),
             np.asarray(cached.num_scheduled_tokens, dtype=np.int64)])
-        keep = counts > 0
-        if not keep.all():
-            rows, counts = rows[keep], counts[keep]
         return Scheduled(rows, counts)
 
     def _prepare(self, scheduled: Scheduled) -> PreparedStep:

@@ -1,9 +1,11 @@
-"""Executor process: load the model, then serve the executor API, health and reflection."""
+"""Executor process: load the model, then serve the executor API (to the holder of the internal
+token only: auth.py), health and, when asked for, reflection."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -20,15 +22,19 @@ GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None = None,
                 stop: asyncio.Event | None = None) -> None:
     """Runs until `stop` is set (or SIGINT/SIGTERM); on_ready(bound_port) once serving.
-    All grpc objects are created inside this running loop."""
+    All grpc objects are created inside this running loop. Without an internal token (and
+    without insecure_no_auth), or for a model that cannot be served (model_checks), raises
+    SystemExit with one line saying why, before anything is served."""
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
+    from executor_svc.model_checks import ModelError
     from executor_svc.servicer import ExecutorServicer
     from executor_svc.startup import build_runner
     from protos.llmserve.executor.v1 import executor_pb2, executor_pb2_grpc
 
+    interceptors = _auth_interceptors(config)
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -39,18 +45,24 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-step")
     waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-wait")
     t0 = time.perf_counter()
-    runner = await loop.run_in_executor(worker, build_runner, config)  # the loop stays responsive
+    try:
+        runner = await loop.run_in_executor(worker, build_runner, config)  # the loop stays responsive
+    except ModelError as e:  # the user's to fix: one line, no traceback
+        worker.shutdown(wait=False)
+        waiter.shutdown(wait=False)
+        _refuse(str(e))
     info = runner.info()
     log.info("ready in %.1f s: model %s, %d KV blocks of %d tokens, graphs %s",
              time.perf_counter() - t0, info.model_name, info.num_blocks, info.block_size,
              list(info.cuda_graph_sizes) or "off (eager)")
 
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
     executor_pb2_grpc.add_ExecutorServicer_to_server(ExecutorServicer(runner, worker, waiter), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     service = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
-    reflection.enable_server_reflection((service, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    if config.enable_reflection:  # off by default: it would map the internal API for anyone
+        reflection.enable_server_reflection((service, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     await server.start()
     for name in (service, ""):
@@ -66,16 +78,65 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     waiter.shutdown(wait=True)
 
 
+def _auth_interceptors(config: ExecutorConfig) -> list:
+    """The token check on every call, or nothing with insecure_no_auth; no token and no
+    insecure_no_auth: SystemExit (an executor anyone local can drive must be asked for)."""
+    from executor_svc.auth import TokenAuthInterceptor
+
+    if config.internal_token:
+        return [TokenAuthInterceptor(config.internal_token)]
+    if not config.insecure_no_auth:
+        _refuse("no internal token: set LLMSERVE_INTERNAL_TOKEN (or --internal-token) to the secret "
+                "the scheduler sends, or pass --insecure-no-auth to let any process that reaches the "
+                "port drive the executor")
+    log.warning("--insecure-no-auth: any process that reaches %s:%d can reset the executor and "
+                "send it plans", config.host, config.port)
+    return []
+
+
+def _refuse(reason: str) -> None:
+    """Ends start-up: one line on stderr, exit status 1, no traceback (SystemExit). Nobody
+    awaits a task that SystemExit stopped, so its exception is read here, or asyncio would
+    log it with a traceback when the task is collected."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    raise SystemExit(f"llmserve-executor: error: {reason}")
+
+
+async def _serve_until_stopped(config: ExecutorConfig) -> None:
+    """serve(), but a SIGINT/SIGTERM during start-up exits at once: the model loads in a thread
+    that cannot be interrupted, and the interpreter would wait for it before exiting."""
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    ready = asyncio.Event()
+    serving = asyncio.create_task(serve(config, on_ready=lambda port: ready.set(), stop=stop))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not serving.done() and not ready.is_set():
+        log.info("stopped during start-up")
+        logging.shutdown()
+        os._exit(0)
+    await serving  # serving: serve() drains and stops by itself
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: llmserve-executor [flags] (also python -m executor_svc)."""
+    """Console entry point: llmserve-executor [flags] (also python -m executor_svc).
+    SIGTERM and Ctrl-C stop it with exit 0 and no traceback, during start-up too."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # until the loop's handlers take over
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = ExecutorConfig.from_args(argv)
     try:
         import uvloop
 
-        uvloop.run(serve(config))
+        run = uvloop.run
     except ImportError:
-        asyncio.run(serve(config))
+        run = asyncio.run
+    try:
+        run(_serve_until_stopped(ExecutorConfig.from_args(argv)))
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":

@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
+
 from executor_svc.model_runner import ModelRunner, StepHandle
 from executor_svc.pipeline import StepPipeline
+from executor_svc.plan_checks import PlanError
+from executor_svc.stream_slot import StreamSlot
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
 from step_protocol import codec
 from step_protocol.domain import StepResult
 
 log = logging.getLogger(__name__)
+SECOND_STREAM = ("another Execute stream is open: the executor serves one plan stream at a time "
+                 "(a scheduler that reconnects calls Reset first, which ends the old stream)")
+TAKEN_OVER = "a Reset took over the executor: this plan stream is ended and its requests forgotten"
 
 
 class ExecutorServicer(pb_grpc.ExecutorServicer):
     """Handshake / Execute / Reset over a ModelRunner. One worker thread owns the device, so
     steps launch strictly in order and the event loop stays free for I/O; a second thread
-    waits for launched steps to complete (see pipeline.py)."""
+    waits for launched steps to complete (see pipeline.py). One Execute stream at a time;
+    Reset ends it first (stream_slot.py)."""
 
     def __init__(self, runner: ModelRunner, worker: ThreadPoolExecutor,
                  waiter: ThreadPoolExecutor | None = None):
@@ -27,25 +36,52 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
         self.worker = worker  # single thread: launch, reset
         self.waiter = waiter or ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-wait")
         self.info = codec.info_to_pb(runner.info())
+        self.slot = StreamSlot()
 
     async def Handshake(self, request: pb.HandshakeRequest, context) -> pb.ExecutorInfo:
         return self.info
 
-    async def Execute(self, request_iterator, context):
+    async def Execute(self, request_iterator, context) -> None:
         """One result per plan, in order; step N+1 is launched while step N runs whenever plan
-        N+1 has arrived. A plan that fails answers with its error, and the stream goes on."""
+        N+1 has arrived. A plan that fails answers with its error, and the stream goes on.
+        Results are written (not yielded) so that a cancelled stream runs its `finally` at
+        once and frees the slot for the next one."""
+        lease = self.slot.try_acquire()
+        if lease is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, SECOND_STREAM)
         pipeline = StepPipeline(self._launch, self.runner.finish, self.worker, self.waiter)
-        async for msg, result in pipeline.run(request_iterator):
-            if isinstance(result, BaseException):
-                log.error("step %d failed", msg.step_id, exc_info=result)
-                error = f"{type(result).__name__}: {result}"
-                yield codec.result_to_pb(StepResult(step_id=msg.step_id, error=error))
-            else:
-                yield codec.result_to_pb(result)
+        try:
+            async with contextlib.aclosing(pipeline.run(request_iterator)) as results:
+                async for msg, result in results:
+                    await context.write(_result_pb(msg, result))
+        except asyncio.CancelledError:
+            if not lease.taken_over:
+                raise  # the client went away
+            log.warning("Reset took over from the open plan stream")
+            await context.abort(grpc.StatusCode.ABORTED, TAKEN_OVER)
+        finally:
+            self.slot.release(lease)
 
     def _launch(self, msg: pb.StepPlan) -> StepHandle:
         return self.runner.launch(codec.plan_from_pb(msg))
 
     async def Reset(self, request: pb.ResetRequest, context) -> pb.ResetResponse:
-        await asyncio.get_running_loop().run_in_executor(self.worker, self.runner.reset)
+        """Ends the open plan stream (if any), waits for its launched steps, then forgets every
+        request: a reconnecting scheduler starts from a clean executor."""
+        try:
+            async with self.slot.taken_over():
+                await asyncio.get_running_loop().run_in_executor(self.worker, self.runner.reset)
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the open plan stream did not end; retry")
         return pb.ResetResponse()
+
+
+def _result_pb(msg: pb.StepPlan, result) -> pb.StepResult:
+    """The wire result of a step, or of the exception its launch raised."""
+    if not isinstance(result, BaseException):
+        return codec.result_to_pb(result)
+    if isinstance(result, PlanError):  # refused before anything changed: no traceback needed
+        log.warning("step %d refused: %s", msg.step_id, result)
+    else:
+        log.error("step %d failed", msg.step_id, exc_info=result)
+    return codec.result_to_pb(StepResult(step_id=msg.step_id, error=f"{type(result).__name__}: {result}"))

@@ -1,8 +1,9 @@
 """Executor start-up: everything before the first step, in order, done once.
 
-Resolve the model folder, load the weights, create the request rows and step buffers, measure
-the activation peak of the largest step (CUDA), size and allocate the KV cache from what is
-left, capture the decode graphs, and hand all of it to a ModelRunner (which only runs steps).
+Resolve the model folder, refuse what is not implemented (model_checks: one-line ModelError),
+load the weights, create the request rows and step buffers, measure the activation peak of
+the largest step (CUDA), size and allocate the KV cache from what is left, capture the decode
+graphs, and hand all of it to a ModelRunner (which only runs steps).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from executor_svc import kv_cache, loader
+from executor_svc import kv_cache, loader, model_checks
 from executor_svc.attention import AttentionMetadata
 from executor_svc.config import ExecutorConfig
 from executor_svc.cuda_graphs import GraphRunner
@@ -34,11 +35,11 @@ def build_runner(config: ExecutorConfig) -> ModelRunner:
     device, dtype = torch.device(config.device), getattr(torch, config.dtype)
     model_path = resolve_model_path(config)
     t0 = time.perf_counter()
-    hf_config = loader.load_hf_config(model_path)
-    model = loader.load_model(model_path, device, dtype)
+    hf_config = loader.load_hf_config(model_path)  # ModelError: not a model folder, or not implemented
+    max_model_len = model_checks.served_max_model_len(hf_config, config.max_model_len)  # before the weights
+    model = loader.load_model(model_path, device, dtype, hf_config)
     log.info("loaded %s in %.2f s", model_path, time.perf_counter() - t0)
     args = model.args
-    max_model_len = config.max_model_len or args.max_position_embeddings
     limits = StepLimits(config.block_size, max_model_len, config.max_num_seqs,
                         config.max_num_batched_tokens)
     max_blocks_per_seq = -(-max_model_len // config.block_size)

@@ -50,7 +50,7 @@ class PreparedStep:
 
 @dataclass(frozen=True)
 class StepLimits:
-    """What one step and one request may hold (checked by prepare_step)."""
+    """What one step and one request may hold (plans are checked against them in plan_checks)."""
 
     block_size: int
     max_model_len: int
@@ -59,18 +59,16 @@ class StepLimits:
 
 
 def prepare_step(batch: InputBatch, buf: StepBuffers, sched: Scheduled, lim: StepLimits) -> PreparedStep:
-    """Checks the step, writes its inputs into the selected host set of `buf` and advances the
-    rows' num_computed. Raises ValueError (changing nothing) for a step too large, a duplicate
-    row, a chunk past the row's blocks or max_model_len, or past its known tokens + 1."""
+    """Writes the step's inputs into the selected host set of `buf` and advances the rows'
+    num_computed. The step comes from a checked plan (plan_checks.check_plan: within the
+    step limits, no duplicate row, every chunk within its blocks, max_model_len and its known
+    tokens + 1), so nothing here can fail half-way."""
     rows, n = sched.rows, sched.counts
     b, t = len(rows), int(n.sum())
-    if t > lim.max_num_tokens or b > lim.max_num_seqs:
-        raise ValueError(f"step too large: {b} requests, {t} tokens")
     start = batch.num_computed[rows]
     end = start + n
     known = batch.num_known[rows]
     k = np.maximum(np.minimum(end, known) - start, 0)  # known tokens in each chunk
-    _check(batch, rows, end, n, k, lim)
 
     bs = lim.block_size
     cu = np.cumsum(n)
@@ -112,20 +110,3 @@ def prepare_step(batch: InputBatch, buf: StepBuffers, sched: Scheduled, lim: Ste
     batch.num_computed[rows] = end
     return PreparedStep(b, t, ns, srows, int(n.max()), int(end.max()),
                         all_greedy=not temps.any(), need_top_k_top_p=bool((cutting & (temps > 0)).any()))
-
-
-def _check(batch: InputBatch, rows, end, n, k, lim: StepLimits) -> None:
-    limit = np.minimum(batch.num_blocks[rows] * lim.block_size, lim.max_model_len)
-    past_blocks = end > limit
-    unknown = n - k
-    # the unknown token can only be a lone decode token
-    past_known = (unknown > 1) | ((unknown > 0) & (k > 0))
-    bad = np.flatnonzero(past_blocks | past_known)
-    if len(bad):
-        i = bad[0]
-        req_id = batch.states[rows[i]].req_id
-        if past_blocks[i]:
-            raise ValueError(f"request {req_id}: {end[i]} tokens exceed its blocks or max_model_len")
-        raise ValueError(f"request {req_id}: scheduled past its known tokens + 1")
-    if len(np.unique(rows)) != len(rows):
-        raise ValueError("a request is scheduled twice in one step")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,45 @@ class SchedulerConfig:
     # Tokens per streamed message (the last message may hold fewer); 1 = every step's token.
     # Larger values cut the per-message cost of many concurrent streams.
     stream_interval: int = 1
+    # Tokens a stream may hold unread (its client stopped reading); beyond, the request is
+    # aborted (its slot and KV blocks freed) and the stream ends RESOURCE_EXHAUSTED.
+    max_stream_backlog: int = 4096
+    # Largest message between the scheduler's two processes (pickled bytes); a request or an
+    # output above it fails alone with RESOURCE_EXHAUSTED.
+    max_pipe_frame_bytes: int = 64 << 20
     # Seconds to wait for the executor at start.
     executor_connect_timeout: float = 300.0
+    # Liveness of the executor (docs/hardening.md, "A hung executor"): a step whose result has
+    # not come after this many seconds means the executor is hung; in-flight requests fail
+    # with UNAVAILABLE and the scheduler reconnects.
+    executor_step_timeout: float = 60.0
+    # While idle, the executor is pinged this often (and must answer within the same time).
+    executor_health_interval: float = 5.0
+    # Secret sent on every executor RPC ("authorization: Bearer <token>"); the executor
+    # refuses calls without its token. Also from LLMSERVE_INTERNAL_TOKEN. Kept out of repr.
+    internal_token: str = field(default="", repr=False)
     # Prometheus metrics HTTP port; 0 = off.
     metrics_port: int = 0
+    # Public API limits, checked before any work (docs/hardening.md, "API limits"): UTF-8 bytes
+    # of a text prompt or of all chat messages' roles and contents, chat messages per request,
+    # stop strings per request and their total bytes, stop token ids per request. The public
+    # server's gRPC max receive message length is derived from these.
+    max_prompt_bytes: int = 4 << 20
+    max_chat_messages: int = 1024
+    max_stop_strings: int = 16
+    max_stop_bytes: int = 4096
+    max_stop_token_ids: int = 256
+    # Threads that tokenize, render chat templates and decode off the event loop (vLLM's old
+    # --tokenizer-pool-size); at least 1.
+    tokenizer_pool_size: int = 2
+    # TLS on the public API (vLLM's names): certificate chain and private key (PEM); with a CA
+    # bundle, clients must present a certificate it signed (mutual TLS). Empty = plaintext.
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    ssl_ca_certs: str = ""
+    # Bearer token every public RPC but grpc.health.v1 needs ("authorization: Bearer <key>");
+    # empty = open. Also from LLMSERVE_API_KEY (as vLLM reads VLLM_API_KEY). Kept out of repr.
+    api_key: str = field(default="", repr=False)
     log_level: str = "INFO"
 
 
@@ -65,12 +100,57 @@ def build_parser() -> argparse.ArgumentParser:
                    default=_env("OVERLAP", d.overlap),
                    help="wait for each step's result before planning the next")
     p.add_argument("--stream-interval", type=int, default=_env("STREAM_INTERVAL", d.stream_interval),
-                   help="tokens per streamed message (1 = every token as soon as it is sampled)")
+                   help="tokens per streamed message: every message but the last carries at least "
+                        "this many (more when the client falls behind and queued tokens fold into "
+                        "one message); 1 = every token as soon as it is sampled")
+    p.add_argument("--max-stream-backlog", type=int,
+                   default=_env("MAX_STREAM_BACKLOG", d.max_stream_backlog),
+                   help="tokens a stream may hold unread before its request is aborted "
+                        "(RESOURCE_EXHAUSTED: the client read too slowly)")
+    p.add_argument("--max-pipe-frame-bytes", type=int,
+                   default=_env("MAX_PIPE_FRAME_BYTES", d.max_pipe_frame_bytes),
+                   help="largest message between the scheduler's two processes")
     p.add_argument("--executor-connect-timeout", type=float,
-                   default=_env("EXECUTOR_CONNECT_TIMEOUT", d.executor_connect_timeout))
+                   default=_env("EXECUTOR_CONNECT_TIMEOUT", d.executor_connect_timeout),
+                   help="seconds to wait for the executor at start")
+    p.add_argument("--executor-step-timeout", type=float,
+                   default=_env("EXECUTOR_STEP_TIMEOUT", d.executor_step_timeout),
+                   help="seconds without a step result before the executor counts as hung "
+                        "(in-flight requests fail with UNAVAILABLE, health turns NOT_SERVING)")
+    p.add_argument("--executor-health-interval", type=float,
+                   default=_env("EXECUTOR_HEALTH_INTERVAL", d.executor_health_interval),
+                   help="seconds between liveness pings of an idle executor (also their deadline)")
+    p.add_argument("--internal-token",
+                   default=_env("INTERNAL_TOKEN", os.environ.get("LLMSERVE_INTERNAL_TOKEN", d.internal_token)),
+                   help="secret the executor requires on its API (prefer the LLMSERVE_INTERNAL_TOKEN "
+                        "environment variable: flags show in ps)")
     p.add_argument("--metrics-port", type=int, default=_env("METRICS_PORT", d.metrics_port))
+    _add_api_boundary_flags(p, d)
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
     return p
+
+
+def _add_api_boundary_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> None:
+    """Limits, tokenizer pool, TLS and the API key of the public API (docs/hardening.md)."""
+    for name, help_text in [
+        ("max_prompt_bytes", "most UTF-8 bytes of a text prompt or of all chat messages"),
+        ("max_chat_messages", "most chat messages in one request"),
+        ("max_stop_strings", "most stop strings in one request"),
+        ("max_stop_bytes", "most UTF-8 bytes of one request's stop strings together"),
+        ("max_stop_token_ids", "most stop token ids in one request"),
+        ("tokenizer_pool_size", "threads that tokenize off the event loop (at least 1)"),
+    ]:
+        p.add_argument("--" + name.replace("_", "-"), type=int,
+                       default=_env(name.upper(), getattr(d, name)), help=help_text)
+    p.add_argument("--ssl-certfile", default=_env("SSL_CERTFILE", d.ssl_certfile),
+                   help="PEM certificate chain: serve the public API over TLS")
+    p.add_argument("--ssl-keyfile", default=_env("SSL_KEYFILE", d.ssl_keyfile),
+                   help="PEM private key of --ssl-certfile")
+    p.add_argument("--ssl-ca-certs", default=_env("SSL_CA_CERTS", d.ssl_ca_certs),
+                   help="PEM CA bundle: require client certificates signed by it (mutual TLS)")
+    p.add_argument("--api-key", default=_env("API_KEY", os.environ.get("LLMSERVE_API_KEY", d.api_key)),
+                   help="require 'authorization: Bearer <key>' on every RPC but health "
+                        "(prefer the LLMSERVE_API_KEY environment variable: flags show in ps)")
 
 
 def from_args(argv: list[str] | None = None) -> SchedulerConfig:

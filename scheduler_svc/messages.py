@@ -1,8 +1,10 @@
 """Everything that crosses the pipe between the scheduler's two processes, in one module.
 
-    API process -> engine core:  AddRequest | AbortRequest
+    API process -> engine core:  the SchedulerConfig (once, first), then AddRequest | AbortRequest
     engine core -> API process:  Ready | Failed (once, at start), then Outputs after every
-                                 applied step and every command
+                                 applied step and every batch of commands
+
+The pipe itself (framing, size limit, back-pressure) is scheduler_svc/pipe.py.
 
 Outputs carry each request's RequestOutput as a plain tuple (encode_output / decode_output):
 pickling 256 dataclasses took ~0.3 ms a step and unpickling ~0.4 ms; tuples take a seventh of
@@ -76,6 +78,7 @@ class CoreStats:
     prepare_us: int = 0
     forward_us: int = 0
     sample_us: int = 0
+    executor_available: bool = False  # handshaken and answering; False while (re)connecting
 
 
 class Outputs(NamedTuple):

@@ -46,7 +46,9 @@ class ModelArgs:
             rope = {}
         num_heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
-        qkv_bias = bool(getattr(cfg, "attention_bias", False)) or model_type == "qwen2"
+        # Qwen2 always has a qkv bias; attention_bias (llama, qwen3: on q, k, v and o) is
+        # refused by model_checks, and Mistral's attention ignores it as transformers does.
+        qkv_bias = model_type == "qwen2"
         return cls(
             vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
             intermediate_size=cfg.intermediate_size, num_layers=cfg.num_hidden_layers,

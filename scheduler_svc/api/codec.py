@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
+from scheduler_svc.api.prompts import ChatPrompt, Prompt, TextPrompt, TokenIdsPrompt
 from scheduler_svc.api.validation import RawParams
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import FinishReason
@@ -31,20 +32,36 @@ def response_to_pb(request_id: str, out: RequestOutput) -> pb.GenerateResponse:
 
 
 def raw_params_from_pb(p: pb.SamplingParams) -> RawParams:
-    """The client's sampling fields, with proto3 `optional` presence kept as None."""
+    """The client's sampling fields, with proto3 `optional` presence kept as None; the
+    repeated fields are not copied before validation has checked their sizes."""
     return RawParams(
         max_tokens=p.max_tokens if p.HasField("max_tokens") else None,
         temperature=p.temperature if p.HasField("temperature") else None,
         top_k=p.top_k,
         top_p=p.top_p if p.HasField("top_p") else None,
         seed=p.seed if p.HasField("seed") else None,
-        stop=tuple(p.stop),
-        stop_token_ids=tuple(p.stop_token_ids),
+        stop=p.stop,
+        stop_token_ids=p.stop_token_ids,
         ignore_eos=p.ignore_eos,
     )
 
 
-def chat_from_pb(chat: pb.ChatMessages) -> tuple[list[dict[str, str]], bool]:
-    messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+def chat_from_pb(chat: pb.ChatMessages) -> ChatPrompt:
     add_generation_prompt = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
-    return messages, add_generation_prompt
+    return ChatPrompt(chat.messages, add_generation_prompt)  # not copied: see ChatPrompt
+
+
+def prompt_from_pb(request: pb.GenerateRequest | pb.TokenizeRequest) -> Prompt | None:
+    """The request's input oneof; None when none is set. Token ids stay the wire's repeated
+    field (a length check comes before any copy)."""
+    kind = request.WhichOneof("input")
+    if kind == "text":
+        add = True
+        if isinstance(request, pb.TokenizeRequest) and request.HasField("add_special_tokens"):
+            add = request.add_special_tokens
+        return TextPrompt(request.text, add_special_tokens=add)
+    if kind == "token_ids":
+        return TokenIdsPrompt(request.token_ids.ids)
+    if kind == "chat":
+        return chat_from_pb(request.chat)
+    return None

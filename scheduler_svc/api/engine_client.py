@@ -1,8 +1,10 @@
 """The API process's handle on the engine: one output queue per request, fed by the engine core.
 
 The scheduler core and the executor stream run in their own process (engine/core_process.py); this
-side admits and aborts requests over a pipe and fans each step's outputs out to the request
-streams. A stream that falls behind gets its queued outputs folded into fewer messages.
+side admits and aborts requests over a framed channel (scheduler_svc/pipe.py) and fans each
+step's outputs out to the request streams. A stream that falls behind gets its queued outputs
+folded into fewer messages; one whose client stopped reading (more than --max-stream-backlog
+tokens queued) has its request aborted, so that it no longer holds a slot and KV blocks.
 """
 
 from __future__ import annotations
@@ -10,18 +12,51 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import multiprocessing
+import os
+import socket
+import subprocess
+import time
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import SamplingParams
-from scheduler_svc.engine.core_process import core_process_main
+from scheduler_svc.engine.core_process import command_line
 from scheduler_svc.messages import (ALL, AbortRequest, AddRequest, CoreStats, Failed, Outputs,
                                     RequestError, decode_output)
+from scheduler_svc.pipe import (Channel, ChannelBroken, ChannelClosed, FrameTooLarge,
+                                UndeliverableMessage)
 from step_protocol.domain import ExecutorInfo
 
 log = logging.getLogger("llmserve.engine")
+# A stream over its backlog is a slow consumer only once its RPC has been stuck in one write
+# this long: a stream that keeps writing (say, catching up after this process stalled) is not.
+STALL_S = 1.0
+# The folder that holds the scheduler_svc package: the core process imports the same code.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_CORE_ENTRY = (f"import sys; sys.path.append({_PACKAGE_ROOT!r}); "
+               "from scheduler_svc.engine.core_process import main; main()")
+
+
+class CoreStartError(RuntimeError):
+    """The engine core process could not start (it could not reach the executor, or died)."""
+
+
+class _Stream:
+    """One request's outputs not yet taken by its RPC, and how many tokens they hold."""
+
+    __slots__ = ("queue", "num_queued_tokens", "aborted", "reading", "last_read")
+
+    def __init__(self):
+        self.queue: asyncio.Queue = asyncio.Queue()  # bounded by max_stream_backlog tokens
+        self.num_queued_tokens = 0
+        self.aborted = False  # too far behind: the core was told to abort the request
+        # The RPC waits for its next output (it keeps up): never a slow consumer, however many
+        # outputs a burst (after a stall of this process) has just queued for it.
+        self.reading = False
+        self.last_read = time.monotonic()  # when the RPC last took outputs (its last write ended)
 
 
 class EngineClient:
@@ -30,37 +65,65 @@ class EngineClient:
     def __init__(self, config: SchedulerConfig):
         self._config = config
         self._stream_interval = max(1, config.stream_interval)
+        self._max_backlog = max(1, config.max_stream_backlog)
         self._ids = itertools.count(1)
-        self._streams: dict[int, asyncio.Queue] = {}
-        self._conn = None
-        self._process = None
+        self._streams: dict[int, _Stream] = {}
+        self._channel: Channel | None = None
+        self._process: subprocess.Popen | None = None
+        self._reader: asyncio.Task | None = None
         self.info: ExecutorInfo | None = None
         self.stats = CoreStats()  # as of the core's last message
         self.core_lost = asyncio.Event()
 
     async def start(self) -> ExecutorInfo:
-        """Starts the core process; returns once it has handshaken with the executor."""
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe(duplex=True)
-        self._process = ctx.Process(target=core_process_main, args=(self._config, child),
-                                    name="llmserve-engine-core", daemon=True)
-        self._process.start()
-        child.close()
-        loop = asyncio.get_running_loop()
-        msg = await loop.run_in_executor(None, self._conn.recv)
+        """Starts the core process; returns once it has handshaken with the executor. A start
+        that fails or is cancelled (a signal during start-up) leaves no core process behind."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            # subprocess, not multiprocessing: no resource-tracker process to orphan.
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _CORE_ENTRY,
+                 *command_line(theirs.fileno(), self._config.max_pipe_frame_bytes, os.getpid())],
+                pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        try:
+            self._channel = await Channel.open(ours, self._config.max_pipe_frame_bytes)
+            await self._channel.send(self._config)
+            msg = await self._channel.recv()
+        except ChannelClosed:
+            msg = Failed("it exited during start-up (its log is above)")
+        except BaseException:
+            await self.stop()
+            raise
         if isinstance(msg, Failed):
-            raise RuntimeError(f"the engine core could not start: {msg.message}")
+            await self.stop()
+            raise CoreStartError(f"the engine core could not start: {msg.message}")
         self.info = msg.info
-        loop.add_reader(self._conn.fileno(), self._on_readable)
+        self._reader = asyncio.create_task(self._read_outputs())
         return self.info
 
-    def stop(self) -> None:
-        """Stops the core process (call from the API loop)."""
-        if self._conn is not None and not self.core_lost.is_set():
-            asyncio.get_running_loop().remove_reader(self._conn.fileno())
-        if self._process is not None and self._process.is_alive():
-            self._process.terminate()
-            self._process.join(5)
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Closes the channel (the core stops on EOF) and waits for the core process to exit;
+        kills it after `timeout` seconds."""
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._channel is not None:
+            self._channel.close()
+        if self._process is None:
+            return
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._process.poll() is None and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        if self._process.poll() is None:
+            log.warning("the engine core did not stop within %.0f s; killing it", timeout)
+            self._process.kill()
+            self._process.wait()
+
+    @property
+    def num_requests(self) -> int:
+        """Requests admitted by this process and not yet finished (running or waiting)."""
+        return len(self._streams)
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams
                        ) -> AsyncIterator[RequestOutput]:
@@ -68,17 +131,34 @@ class EngineClient:
         if self.core_lost.is_set():
             raise RequestError("UNAVAILABLE", "the engine core process is gone")
         req_id = next(self._ids)
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[req_id] = queue
-        self._conn.send(AddRequest(req_id, list(prompt_token_ids), params))
+        try:
+            self._channel.send_nowait(AddRequest(req_id, list(prompt_token_ids), params))
+        except FrameTooLarge as e:
+            raise RequestError("RESOURCE_EXHAUSTED", f"the request is too large: {e}") from e
+        except UndeliverableMessage as e:
+            raise RequestError("INTERNAL", f"the request could not be sent to the engine: {e}") from e
+        except ChannelClosed as e:
+            raise RequestError("UNAVAILABLE", "the engine core process is gone") from e
+        stream = self._streams[req_id] = _Stream()  # before any await: no output can be missed
         finished = False
         pending: RequestOutput | None = None  # held until stream_interval tokens are ready
         try:
+            try:
+                await self._channel.drain()  # admission waits while the core is far behind
+            except ChannelClosed:
+                pass  # the reader fails every stream, this one too
             while not finished:
-                item = _merge_ready(await queue.get(), queue)
+                stream.reading = True
+                try:
+                    item = await stream.queue.get()
+                finally:
+                    stream.reading = False
+                    stream.last_read = time.monotonic()
+                item = _merge_ready(item, stream.queue)
                 if isinstance(item, RequestError):
                     finished = True
                     raise item
+                stream.num_queued_tokens -= len(item.new_token_ids)
                 pending = item if pending is None else _fold(pending, item)
                 finished = item.finish_reason is not None
                 if finished or len(pending.new_token_ids) >= self._stream_interval:
@@ -86,32 +166,65 @@ class EngineClient:
                     pending = None
         finally:
             del self._streams[req_id]
-            if not finished and not self.core_lost.is_set():
-                self._conn.send(AbortRequest(req_id))
+            if not finished and not stream.aborted and not self.core_lost.is_set():
+                self._send_abort(req_id)
 
-    def _on_readable(self) -> None:
+    def _send_abort(self, req_id: int) -> None:
+        try:
+            self._channel.send_nowait(AbortRequest(req_id))  # never waits: see pipe.py
+        except ChannelClosed:
+            pass  # the core is gone; the reader fails every stream
+
+    async def _read_outputs(self) -> None:
         """Messages from the core process: each step's outputs, to their requests' queues."""
         try:
-            while self._conn.poll():
-                msg: Outputs = self._conn.recv()
+            while True:
+                msg: Outputs = await self._channel.recv()
                 self.stats = CoreStats(*msg.stats)
-                self._deliver([(t[0], decode_output(t)) for t in msg.outputs])
-                self._deliver(msg.errors)
-        except (EOFError, OSError):
-            log.error("the engine core process exited; failing %d requests", len(self._streams))
-            asyncio.get_running_loop().remove_reader(self._conn.fileno())
+                for t in msg.outputs:
+                    self._deliver(t[0], decode_output(t))
+                for req_id, error in msg.errors:
+                    self._deliver(req_id, error)
+                # Let the streams take their outputs between frames: after a stall of this
+                # process, a burst of queued frames would otherwise pile up in every queue at
+                # once and look like clients that stopped reading.
+                await asyncio.sleep(0)
+        except (ChannelClosed, ChannelBroken, OSError) as e:
+            log.error("the engine core process is gone (%s); failing %d requests", e, len(self._streams))
             self.core_lost.set()
-            self._deliver([(ALL, RequestError("UNAVAILABLE", "the engine core process exited"))])
+            self._deliver(ALL, RequestError("UNAVAILABLE", "the engine core process exited"))
 
-    def _deliver(self, items: list) -> None:
-        for req_id, item in items:
-            if req_id == ALL:
-                for queue in self._streams.values():
-                    queue.put_nowait(item)
-                continue
-            queue = self._streams.get(req_id)
-            if queue is not None:
-                queue.put_nowait(item)
+    def _deliver(self, req_id: int, item: RequestOutput | RequestError) -> None:
+        if req_id == ALL:
+            for stream in self._streams.values():
+                stream.queue.put_nowait(item)
+            return
+        stream = self._streams.get(req_id)
+        if stream is None or stream.aborted:
+            return
+        if isinstance(item, RequestOutput):
+            stream.num_queued_tokens += len(item.new_token_ids)
+            if (stream.num_queued_tokens > self._max_backlog and item.finish_reason is None
+                    and not stream.reading and time.monotonic() - stream.last_read > STALL_S):
+                self._abort_slow_stream(req_id, stream)
+                return
+        stream.queue.put_nowait(item)
+
+    def _abort_slow_stream(self, req_id: int, stream: _Stream) -> None:
+        """Decided here, not in the RPC: its generator is stuck in a write to a client that
+        does not read (HTTP/2 flow control). Frees the request's slot and blocks now; the RPC
+        ends RESOURCE_EXHAUSTED when the client reads again or gives up."""
+        log.warning("request %d: the client read too slowly (%d tokens unread, over "
+                    "--max-stream-backlog %d); aborting it", req_id, stream.num_queued_tokens,
+                    self._max_backlog)
+        while not stream.queue.empty():
+            stream.queue.get_nowait()
+        stream.aborted = True
+        stream.num_queued_tokens = 0
+        stream.queue.put_nowait(RequestError(
+            "RESOURCE_EXHAUSTED", f"the client read too slowly: more than {self._max_backlog} tokens "
+            "were waiting unread (--max-stream-backlog), so the request was aborted"))
+        self._send_abort(req_id)
 
 
 def _fold(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:

@@ -7,17 +7,15 @@ import logging
 import signal
 import sys
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health_pb2
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
-from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
-from scheduler_svc.api.engine_client import EngineClient
-from scheduler_svc.api.servicer import LLMServeServicer
+from scheduler_svc.api.engine_client import CoreStartError, EngineClient
+from scheduler_svc.api.public_server import build_public_server
+from scheduler_svc.api.security import server_credentials
+from scheduler_svc.api.tokenize_pool import TokenizePool
 from scheduler_svc.config import SchedulerConfig, from_args
 from scheduler_svc.core.tokenizer import Tokenizer
-from scheduler_svc.engine.executor_client import CHANNEL_OPTIONS
 from scheduler_svc.runtime import configure_logging, run_async
 
 log = logging.getLogger("llmserve.scheduler")
@@ -26,50 +24,90 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LLMServe"].full_name
 
 async def serve(config: SchedulerConfig) -> bool:
     """Serves until SIGINT/SIGTERM (returns True) or until the engine core dies (False)."""
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # from the start: a stop during start-up is clean
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    # TLS files are read first: a missing certificate should not wait for the executor.
+    credentials = server_credentials(config.ssl_certfile, config.ssl_keyfile, config.ssl_ca_certs)
     engine = EngineClient(config)
     log.info("waiting for the executor at %s", config.executor_address)
-    info = await engine.start()
+    info = await _start_unless_stopped(engine, stop)
+    if info is None:
+        log.info("stopped during start-up")
+        return True
     log.info("executor ready: model %s, %d KV blocks of %d tokens, max_model_len %d, graphs %s",
              info.model_name, info.num_blocks, info.block_size, info.max_model_len,
              list(info.cuda_graph_sizes) or "off")
     tokenizer = Tokenizer.from_pretrained(config.tokenizer or info.model_path)
 
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    pb_grpc.add_LLMServeServicer_to_server(
-        LLMServeServicer(engine, tokenizer, info.model_name, config.max_waiting), server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME), server)
+    pool = TokenizePool(tokenizer, config.tokenizer_pool_size, max_pending=config.max_waiting)
+    server, health_servicer = build_public_server(config, engine, pool, credentials)
     address = f"{config.host}:{config.port}"
-    if server.add_insecure_port(address) == 0:
-        raise SystemExit(f"cannot bind {address}")
     await server.start()
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    watch = asyncio.create_task(_follow_executor_health(engine, health_servicer))
     if config.metrics_port:
         from scheduler_svc.api.metrics import start_metrics
 
         start_metrics(config.metrics_port, engine)
-    log.info("serving llmserve.v1.LLMServe on %s", address)
+    log.info("serving llmserve.v1.LLMServe on %s (%s, %s)", address,
+             "TLS" if credentials else "plaintext", "API key required" if config.api_key else "no API key")
 
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     await asyncio.wait([asyncio.create_task(stop.wait()), asyncio.create_task(engine.core_lost.wait())],
                        return_when=asyncio.FIRST_COMPLETED)
     log.info("shutting down")
+    watch.cancel()
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=2.0)
-    engine.stop()
-    return not engine.core_lost.is_set()
+    pool.close()
+    await engine.stop()
+    return stop.is_set() or not engine.core_lost.is_set()
+
+
+async def _follow_executor_health(engine: EngineClient, health_servicer, period: float = 0.2) -> None:
+    """Health is SERVING exactly while the engine core reports a live executor: NOT_SERVING
+    while it reconnects to a dead or hung one, SERVING again once it is back."""
+    serving = None
+    while True:
+        available = engine.stats.executor_available and not engine.core_lost.is_set()
+        if available != serving:
+            status = health_pb2.HealthCheckResponse.SERVING if available else \
+                health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in ("", SERVICE_NAME):
+                await health_servicer.set(name, status)
+            if serving is not None:
+                log.warning("executor %s: health %s", "back" if available else "unavailable",
+                            health_pb2.HealthCheckResponse.ServingStatus.Name(status))
+            serving = available
+        await asyncio.sleep(period)
+
+
+async def _start_unless_stopped(engine: EngineClient, stop: asyncio.Event):
+    """The executor's info once the engine core is up, or None when `stop` came first (the
+    cancelled start leaves no core process behind)."""
+    starting = asyncio.create_task(engine.start())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if starting.done():
+        return starting.result()
+    starting.cancel()
+    await asyncio.gather(starting, return_exceptions=True)
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Console entry point: llmserve-scheduler [flags]. SIGTERM and Ctrl-C stop it with exit 0
+    and no traceback, at any point of start-up."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # until the loop's handlers take over
     config = from_args(argv)
     configure_logging(config.log_level, "scheduler")
-    if not run_async(serve(config)):
+    try:
+        ok = run_async(serve(config))
+    except KeyboardInterrupt:
+        ok = True
+    except CoreStartError as e:
+        sys.exit(f"llmserve-scheduler: {e}")
+    if not ok:
         sys.exit("the engine core process exited")
 
 

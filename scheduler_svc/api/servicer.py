@@ -1,8 +1,14 @@
-"""The public gRPC API (llmserve.v1.LLMServe): thin methods that validate, convert and stream."""
+"""The public gRPC API (llmserve.v1.LLMServe): thin methods that validate, convert and stream.
+
+Order of the checks for a new request, cheapest first: sizes and emptiness (validation, no
+tokenization), the waiting-queue bound, tokenization in the pool (refused on the token count
+as soon as it is known), then the ids and sampling parameters.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 
 import grpc
@@ -11,21 +17,27 @@ from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from scheduler_svc.api import codec
 from scheduler_svc.api.engine_client import EngineClient
-from scheduler_svc.api.validation import Limits, build_sampling_params, check_prompt, invalid
-from scheduler_svc.core.tokenizer import Tokenizer
+from scheduler_svc.api.handlers import abort_with
+from scheduler_svc.api.prompts import Prompt, TokenIdsPrompt
+from scheduler_svc.api.tokenize_pool import TokenizePool
+from scheduler_svc.api.validation import (Limits, SizeLimits, build_sampling_params, check_prompt,
+                                          check_prompt_len, check_prompt_size, check_request_size,
+                                          invalid)
 from scheduler_svc.messages import RequestError
 
 log = logging.getLogger("llmserve.api")
 
-
 class LLMServeServicer(pb_grpc.LLMServeServicer):
     """Answers the public RPCs; all state lives in the engine."""
 
-    def __init__(self, engine: EngineClient, tokenizer: Tokenizer, model_name: str, max_waiting: int):
+    def __init__(self, engine: EngineClient, tokenize_pool: TokenizePool, sizes: SizeLimits,
+                 model_name: str, max_waiting: int):
         self._engine = engine
-        self._tokenizer = tokenizer
+        self._pool = tokenize_pool
+        self._sizes = sizes
         self._model_name = model_name
         self._max_waiting = max_waiting
+        self._num_refused_full, self._last_full_log = 0, 0.0  # refusals not yet logged
         info = engine.info
         self._limits = Limits(
             max_model_len=info.max_model_len, vocab_size=info.vocab_size,
@@ -39,7 +51,7 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
             async for out in self._engine.generate(prompt_ids, params):
                 yield codec.response_to_pb(request_id, out)
         except RequestError as e:
-            await context.abort(getattr(grpc.StatusCode, e.code), e.message)
+            await abort_with(context, e)
 
     async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         request_id = request.request_id or uuid.uuid4().hex
@@ -52,20 +64,22 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
                 text.append(out.new_text)
                 last = out
         except RequestError as e:
-            await context.abort(getattr(grpc.StatusCode, e.code), e.message)
+            await abort_with(context, e)
         last.new_token_ids, last.new_text = token_ids, "".join(text)
         return codec.response_to_pb(request_id, last)
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext):
         try:
-            if request.HasField("chat"):
-                ids = self._render_chat(request.chat)
-            else:
-                add = request.add_special_tokens if request.HasField("add_special_tokens") else True
-                ids = self._tokenizer.encode(request.text, add_special_tokens=add)
+            prompt = codec.prompt_from_pb(request)
+            check_prompt_size(prompt, self._sizes, self._limits)
+            max_model_len = self._limits.max_model_len
+            encoded = await self._pool.encode(prompt, max_model_len, with_tokens=True)
+            if encoded.num_tokens > max_model_len:
+                raise invalid(f"the input has {encoded.num_tokens} tokens; Tokenize answers up to "
+                              f"the model's context of {max_model_len} tokens")
         except RequestError as e:
-            await context.abort(getattr(grpc.StatusCode, e.code), e.message)
-        return pb.TokenizeResponse(token_ids=ids, tokens=[self._tokenizer.id_to_token(i) or "" for i in ids])
+            await abort_with(context, e)
+        return pb.TokenizeResponse(token_ids=encoded.token_ids, tokens=encoded.tokens)
 
     async def GetModelInfo(self, request, context):
         info = self._engine.info
@@ -81,37 +95,41 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
             used_blocks=s.num_total_blocks - s.num_free_blocks,
             num_running=s.num_running, num_waiting=s.num_waiting, num_steps=s.num_steps,
             executor_busy_us=s.forward_us + s.sample_us, num_graph_steps=s.num_graph_steps,
+            executor_available=s.executor_available,
         )
 
     async def _admit(self, request: pb.GenerateRequest, context) -> tuple[list[int], object]:
-        """Tokenizes and validates; aborts the call with a clear status when the request is bad."""
+        """Checks, tokenizes and validates; aborts the call with a clear status when the request
+        is bad."""
         try:
-            prompt_ids = self._prompt_ids(request)
-            check_prompt(prompt_ids, self._limits)
+            prompt = codec.prompt_from_pb(request)
             raw = codec.raw_params_from_pb(request.params)
+            check_prompt_size(prompt, self._sizes, self._limits)
+            check_request_size(raw, request.request_id, self._sizes)
+            self._check_capacity()
+            prompt_ids = await self._prompt_ids(prompt)
+            check_prompt(prompt_ids, self._limits)
             params = build_sampling_params(raw, len(prompt_ids), self._limits)
-            if self._engine.stats.num_waiting >= self._max_waiting:
-                raise RequestError("RESOURCE_EXHAUSTED",
-                                   f"{self._max_waiting} requests are already waiting; retry later")
         except RequestError as e:
-            await context.abort(getattr(grpc.StatusCode, e.code), e.message)
+            await abort_with(context, e)
         return prompt_ids, params
 
-    def _prompt_ids(self, request: pb.GenerateRequest) -> list[int]:
-        kind = request.WhichOneof("input")
-        if kind == "text":
-            return self._tokenizer.encode(request.text)
-        if kind == "token_ids":
-            return list(request.token_ids.ids)
-        if kind == "chat":
-            return self._render_chat(request.chat)
-        raise invalid("no input: set one of text, token_ids or chat")
+    def _check_capacity(self) -> None:
+        """At most max_num_seqs running plus --max-waiting waiting requests; counted here, as
+        they are admitted, so a burst cannot outrun the engine core's (one step old) figures."""
+        capacity = self._engine.info.max_num_seqs + self._max_waiting
+        if self._engine.num_requests >= capacity:
+            self._num_refused_full += 1
+            if time.monotonic() - self._last_full_log >= 1.0:  # a burst logs once a second
+                log.warning("server full: refused %d requests (%d running or waiting, --max-waiting %d)",
+                            self._num_refused_full, self._engine.num_requests, self._max_waiting)
+                self._last_full_log, self._num_refused_full = time.monotonic(), 0
+            raise RequestError("RESOURCE_EXHAUSTED", f"the server is full ({capacity} requests "
+                               f"running or waiting, --max-waiting {self._max_waiting}); retry later")
 
-    def _render_chat(self, chat: pb.ChatMessages) -> list[int]:
-        messages, add_generation_prompt = codec.chat_from_pb(chat)
-        if not messages:
-            raise invalid("chat has no messages")
-        try:
-            return self._tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        except Exception as e:  # a template error is the caller's input problem
-            raise invalid(f"the chat template could not render these messages: {e}") from e
+    async def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, TokenIdsPrompt):
+            return list(prompt.ids)
+        encoded = await self._pool.encode(prompt, self._limits.max_model_len - 1)
+        check_prompt_len(encoded.num_tokens, self._limits)
+        return encoded.token_ids

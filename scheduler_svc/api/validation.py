@@ -1,11 +1,15 @@
-"""Checks a request against the model's limits before it is admitted (no grpc here)."""
+"""Checks a request before it is admitted (no grpc here): its sizes before any tokenization
+(SizeLimits, the --max-* flags), then the prompt and sampling parameters against the model's
+limits."""
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scheduler_svc.api.prompts import Prompt, TextPrompt, TokenIdsPrompt, utf8_len
 from scheduler_svc.core.kv_cache_manager import max_blocks_needed
 from scheduler_svc.core.request import SamplingParams
 from scheduler_svc.messages import RequestError
@@ -34,23 +38,115 @@ class RawParams:
     top_k: int = 0
     top_p: float | None = None
     seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
+    stop: Sequence[str] = ()  # may be the wire's repeated field: sizes are checked first
+    stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
 
 
-def check_prompt(token_ids: list[int], limits: Limits) -> None:
-    if not token_ids:
-        raise invalid("the prompt is empty: send non-empty text, token ids or chat messages")
+@dataclass(frozen=True)
+class SizeLimits:
+    """Caps on what one request may carry, checked before any tokenization (flags of the same
+    names, SchedulerConfig); the prompt's token count is capped by the model's context."""
+
+    max_prompt_bytes: int = 4 << 20
+    max_chat_messages: int = 1024
+    max_stop_strings: int = 16
+    max_stop_bytes: int = 4096
+    max_stop_token_ids: int = 256
+
+    @classmethod
+    def from_config(cls, config) -> SizeLimits:
+        return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__})
+
+
+_EMPTY = "the prompt is empty: send non-empty text, token ids or chat messages"
+# request_id is echoed in every streamed message: a long one would multiply the response size.
+MAX_REQUEST_ID_BYTES = 256
+# Wire bytes a request may need beyond its prompt and stop strings (field tags, lengths, the
+# sampling scalars, request_id, per-message framing of chat turns).
+_WIRE_OVERHEAD_BYTES = 64 << 10
+_MAX_VARINT_BYTES = 10  # a negative int32 is sign-extended to 10 bytes on the wire
+
+
+def max_request_bytes(sizes: SizeLimits, max_model_len: int) -> int:
+    """The public server's gRPC max receive message length: the largest request the limits
+    allow, so that anything larger is refused by gRPC itself (RESOURCE_EXHAUSTED) unread."""
+    prompt = max(sizes.max_prompt_bytes + 8 * sizes.max_chat_messages,
+                 _MAX_VARINT_BYTES * max_model_len)
+    stops = sizes.max_stop_bytes + 8 * sizes.max_stop_strings
+    return prompt + stops + _MAX_VARINT_BYTES * sizes.max_stop_token_ids + _WIRE_OVERHEAD_BYTES
+
+
+def _over(what: str, num: int, unit: str, limit: int, flag: str) -> RequestError:
+    return invalid(f"{what} has {num} {unit}; the limit is {limit} ({flag})")
+
+
+def check_prompt_size(prompt: Prompt | None, sizes: SizeLimits, limits: Limits) -> None:
+    """Empty and oversized prompts, refused before tokenizing. A chat whose messages are all
+    empty is accepted: the template's role headers make a real prompt."""
+    if prompt is None:
+        raise invalid("no input: set one of text, token_ids or chat")
+    if isinstance(prompt, TokenIdsPrompt):
+        if len(prompt.ids) == 0:
+            raise invalid(_EMPTY)
+        if len(prompt.ids) >= limits.max_model_len:  # before looking at any id
+            raise _context_error(len(prompt.ids), limits)
+        return
+    if isinstance(prompt, TextPrompt):
+        if prompt.text == "":
+            raise invalid(_EMPTY)
+        num_bytes = utf8_len(prompt.text)
+        if num_bytes > sizes.max_prompt_bytes:
+            raise _over("the prompt text", num_bytes, "bytes", sizes.max_prompt_bytes,
+                        "--max-prompt-bytes")
+        return
+    if not prompt.messages:
+        raise invalid("chat has no messages")
+    if len(prompt.messages) > sizes.max_chat_messages:
+        raise _over("the chat", len(prompt.messages), "messages", sizes.max_chat_messages,
+                    "--max-chat-messages")
+    num_bytes = sum(utf8_len(m.role) + utf8_len(m.content) for m in prompt.messages)
+    if num_bytes > sizes.max_prompt_bytes:
+        raise _over("the chat", num_bytes, "bytes of roles and contents", sizes.max_prompt_bytes,
+                    "--max-prompt-bytes")
+
+
+def check_request_size(raw: RawParams, request_id: str, sizes: SizeLimits) -> None:
+    """Stop conditions and the request id, refused before tokenizing."""
+    if len(raw.stop) > sizes.max_stop_strings:
+        raise _over("stop", len(raw.stop), "strings", sizes.max_stop_strings, "--max-stop-strings")
+    num_stop_bytes = sum(utf8_len(s) for s in raw.stop)
+    if num_stop_bytes > sizes.max_stop_bytes:
+        raise _over("stop", num_stop_bytes, "bytes", sizes.max_stop_bytes, "--max-stop-bytes")
+    if len(raw.stop_token_ids) > sizes.max_stop_token_ids:
+        raise _over("stop_token_ids", len(raw.stop_token_ids), "ids", sizes.max_stop_token_ids,
+                    "--max-stop-token-ids")
+    if utf8_len(request_id) > MAX_REQUEST_ID_BYTES:
+        raise invalid(f"request_id has {utf8_len(request_id)} bytes; at most {MAX_REQUEST_ID_BYTES}")
+
+
+def _context_error(num_tokens: int, limits: Limits) -> RequestError:
+    return invalid(
+        f"the prompt has {num_tokens} tokens but the model's context is {limits.max_model_len} "
+        f"tokens (the executor's --max-model-len); send at most {limits.max_model_len - 1}"
+    )
+
+
+def check_prompt_len(num_tokens: int, limits: Limits) -> None:
+    """The token count, as soon as tokenization knows it (before the ids are even listed)."""
+    if num_tokens >= limits.max_model_len:
+        raise _context_error(num_tokens, limits)
+
+
+def check_prompt(token_ids, limits: Limits) -> None:
+    """The tokenized prompt: non-empty, within the context, every id in the vocabulary."""
+    if len(token_ids) == 0:
+        raise invalid(_EMPTY)
+    check_prompt_len(len(token_ids), limits)
     bad = [t for t in token_ids if not 0 <= t < limits.vocab_size]
     if bad:
         raise invalid(
             f"prompt has token ids outside the vocabulary [0, {limits.vocab_size}): {bad[:5]}"
-        )
-    if len(token_ids) >= limits.max_model_len:
-        raise invalid(
-            f"the prompt has {len(token_ids)} tokens but the model's context is "
-            f"{limits.max_model_len} tokens; send at most {limits.max_model_len - 1}"
         )
 
 

@@ -68,18 +68,20 @@ def process_token(request: Request, token_id: int, eos_token_ids: tuple[int, ...
                   max_model_len: int) -> tuple[str, FinishReason | None, str]:
     """Applies the stop rules to a token just appended to request.output_token_ids.
 
-    Returns (new text to stream, finish reason or None, matched stop).
+    Returns (new text to stream, finish reason or None, matched stop). On the request's last
+    token, the text the detokenizer still holds is released (and may still end in a stop
+    string); a stop or EOS token's own text is never streamed.
     """
     reason, matched = check_stop_token(request, token_id, eos_token_ids)
-    text = ""
-    if reason is None:
-        if request.detokenizer is not None:
-            text = request.detokenizer.step(token_id)
-        text, matched = request.stop_matcher.feed(text)
-        if matched:
-            return text, FinishReason.STOP, matched
-        if length_reached(request, max_model_len):
-            reason = FinishReason.LENGTH
+    detokenizer = request.detokenizer
+    text = detokenizer.step(token_id) if detokenizer is not None and reason is None else ""
+    if reason is None and length_reached(request, max_model_len):
+        reason = FinishReason.LENGTH
+    if reason is not None and detokenizer is not None:
+        text += detokenizer.flush()
+    text, matched_string = request.stop_matcher.feed(text)
+    if matched_string:
+        return text, FinishReason.STOP, matched_string
     if reason is not None:
         text += request.stop_matcher.flush()  # held text was no stop string after all
     return text, reason, matched

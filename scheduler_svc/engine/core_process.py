@@ -3,16 +3,19 @@
 It exists as a process of its own because the public API streams one gRPC message per request
 per step: in one interpreter those hundreds of streams held the GIL while the step loop waited
 to send the next plan, and the GPU idled. Here the step loop never waits behind a client.
-It talks to the API process over one duplex pipe; scheduler_svc/messages.py lists what crosses.
+It talks to the API process over one framed channel (scheduler_svc/pipe.py) on a socket it
+inherits; scheduler_svc/messages.py lists what crosses. It lives exactly as long as the API
+process: it stops when the channel closes, and on Linux the kernel kills it with its parent.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
+import socket
 from dataclasses import astuple
-from multiprocessing.connection import Connection
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.outputs import RequestOutput
@@ -21,8 +24,10 @@ from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig, StepRes
 from scheduler_svc.core.tokenizer import Tokenizer
 from scheduler_svc.engine.executor_client import ExecutorClient, ExecutorUnavailable
 from scheduler_svc.engine.step_loop import StepLoop
+from scheduler_svc.lifetime import die_with_parent
 from scheduler_svc.messages import (ALL, AbortRequest, AddRequest, CoreStats, Failed, Outputs, Ready,
                                     RequestError, encode_output)
+from scheduler_svc.pipe import Channel, ChannelClosed, FrameTooLarge, UndeliverableMessage
 from scheduler_svc.runtime import configure_logging, run_async
 from step_protocol.domain import ExecutorInfo, StepResult
 
@@ -47,10 +52,12 @@ def core_config(config: SchedulerConfig, info: ExecutorInfo) -> SchedulerCoreCon
 class EngineCore:
     """The step loop over one executor connection, fed by the API process's commands."""
 
-    def __init__(self, config: SchedulerConfig, conn: Connection):
+    def __init__(self, config: SchedulerConfig, channel: Channel):
         self._config = config
-        self._conn = conn
-        self._client = ExecutorClient(config.executor_address)
+        self._channel = channel
+        self._publish_pending = False  # a load snapshot is due once this batch of commands is read
+        self._client = ExecutorClient(config.executor_address, config.internal_token,
+                                      step_timeout=config.executor_step_timeout)
         self._tokenizers: dict[str, Tokenizer] = {}
         self._wake = asyncio.Event()
         self._connected = False  # False while (re)connecting: new requests are refused
@@ -59,31 +66,75 @@ class EngineCore:
         self.loop: StepLoop | None = None
 
     async def connect(self) -> ExecutorInfo:
-        """Handshakes with the executor and sizes a fresh scheduler core from its answer."""
-        info = await self._client.connect(self._config.executor_connect_timeout)
+        """Handshakes with the executor (waiting up to --executor-connect-timeout for it to come
+        up) and sizes a fresh scheduler core from its answer."""
+        return await self._connect(self._config.executor_connect_timeout)
+
+    async def _connect(self, timeout: float) -> ExecutorInfo:
+        info = await self._client.connect(timeout)
         path = self._config.tokenizer or info.model_path
         if path not in self._tokenizers:
             self._tokenizers[path] = Tokenizer.from_pretrained(path)
         self.scheduler = Scheduler(core_config(self._config, info), self._tokenizers[path])
         self.loop = StepLoop(self.scheduler, self._client, depth=2 if self._config.overlap else 1,
                              on_outputs=self._publish, on_result=self._record)
-        self._connected = True
+        self._connected = self.stats.executor_available = True
         return info
 
-    def on_readable(self) -> None:
-        """Commands from the API process (called by the loop when the pipe has data)."""
-        while self._conn.poll():
+    async def reconnect(self) -> None:
+        """Retries the handshake until the executor answers again (a restarted or resumed
+        executor); meanwhile new requests get UNAVAILABLE and health says NOT_SERVING."""
+        attempt = 0
+        while True:
             try:
-                cmd = self._conn.recv()
-            except EOFError:  # the API process is gone
-                asyncio.get_running_loop().stop()
+                await self._connect(self._config.executor_health_interval)
+                log.info("executor reconnected")
+                self._publish()
                 return
+            except ExecutorUnavailable as e:
+                if attempt % 20 == 0:
+                    log.warning("executor still unavailable (%s); retrying", e)
+                attempt += 1
+                await asyncio.sleep(0.25)
+
+    def _lose_executor(self, reason: Exception) -> None:
+        """Fails every request and forgets them: their rows on the executor are gone too."""
+        log.error("executor lost or out of step: %s; failing every request and reconnecting", reason)
+        self._connected = self.stats.executor_available = False
+        self.scheduler, self.loop = None, None
+        self._publish(errors=[(ALL, RequestError("UNAVAILABLE", f"the executor went away: {reason}"))])
+
+    async def serve(self) -> None:
+        """Handshakes, reports Ready (or Failed) to the API process, then steps."""
+        try:
+            info = await self.connect()
+        except Exception as e:  # noqa: BLE001 - reported to the API process
+            await self._channel.send(Failed(f"{type(e).__name__}: {e}"))
+            return
+        await self._channel.send(Ready(info))
+        self._publish()  # the status RPC has real figures before the first request
+        await self.run()
+
+    async def read_commands(self) -> None:
+        """Commands from the API process, until it closes the channel (ChannelClosed).
+        Never waits for its own writes (pipe.py says why): replies go out with send_nowait."""
+        while True:
+            cmd = await self._channel.recv()
             if isinstance(cmd, AddRequest):
                 self._add(Request(cmd.req_id, cmd.prompt_token_ids, cmd.params))
-            elif isinstance(cmd, AbortRequest):
+            elif isinstance(cmd, AbortRequest) and self.scheduler is not None:
                 self.scheduler.abort_request(cmd.req_id)
-        self._publish()
-        self._wake.set()
+            self._wake.set()
+            if not self._publish_pending:  # one snapshot per batch of commands read together
+                self._publish_pending = True
+                asyncio.get_running_loop().call_soon(self._publish_snapshot)
+
+    def _publish_snapshot(self) -> None:
+        self._publish_pending = False
+        try:
+            self._publish()
+        except ChannelClosed:
+            pass  # the reader sees the close too and ends the process
 
     def _add(self, request: Request) -> None:
         if not self._connected:
@@ -96,10 +147,34 @@ class EngineCore:
             self._publish(errors=[(request.req_id, RequestError("INVALID_ARGUMENT", str(e)))])
 
     def _publish(self, outputs: list[RequestOutput] = (), errors: list = ()) -> None:
+        """Sends outputs and errors with a load snapshot. Never waits: the step loop waits for
+        the channel between steps (run_steps), so a stalled API process holds the steps back."""
         s, sched = self.stats, self.scheduler
-        s.num_total_blocks, s.num_free_blocks = sched.num_total_blocks, sched.num_free_blocks
-        s.num_running, s.num_waiting = sched.num_running, sched.num_waiting
-        self._conn.send(Outputs([encode_output(o) for o in outputs], list(errors), astuple(s)))
+        if sched is not None:
+            s.num_total_blocks, s.num_free_blocks = sched.num_total_blocks, sched.num_free_blocks
+            s.num_running, s.num_waiting = sched.num_running, sched.num_waiting
+        else:  # no executor: nothing runs, nothing is held
+            s.num_total_blocks = s.num_free_blocks = s.num_running = s.num_waiting = 0
+        stats = astuple(s)
+        try:
+            self._channel.send_nowait(Outputs([encode_output(o) for o in outputs], list(errors), stats))
+        except UndeliverableMessage:  # too large together: each request on its own
+            for o in outputs:
+                self._send_or_fail(o.req_id, Outputs([encode_output(o)], [], stats))
+            for req_id, error in errors:
+                self._send_or_fail(req_id, Outputs([], [(req_id, error)], stats))
+
+    def _send_or_fail(self, req_id: int, message: Outputs) -> None:
+        """Sends one request's output; one that cannot cross fails that request alone."""
+        try:
+            self._channel.send_nowait(message)
+        except UndeliverableMessage as e:
+            log.warning("request %d failed: its output cannot reach the API process: %s", req_id, e)
+            if self.scheduler is not None:
+                self.scheduler.abort_request(req_id)
+            code = "RESOURCE_EXHAUSTED" if isinstance(e, FrameTooLarge) else "INTERNAL"
+            error = RequestError(code, f"an output of this request could not be delivered: {e}")
+            self._channel.send_nowait(Outputs([], [(req_id, error)], message.stats))
 
     def _record(self, result: StepResult) -> None:
         s = self.stats
@@ -111,24 +186,27 @@ class EngineCore:
 
     async def run(self) -> None:
         """Steps while there is work, sleeps until a command arrives; reconnects when the
-        executor goes away."""
+        executor goes away, is hung (no result within --executor-step-timeout) or does not
+        answer an idle ping (--executor-health-interval)."""
         while True:
             try:
                 await self._run_steps()
             except (ExecutorUnavailable, StepResultError) as e:
-                log.error("executor lost or out of step: %s; failing every request and reconnecting", e)
-                self._connected = False
-                self._publish(errors=[(ALL, RequestError("UNAVAILABLE", f"the executor went away: {e}"))])
-                await self.connect()
-                log.info("executor reconnected")
+                self._lose_executor(e)
+                await self.reconnect()
 
     async def _run_steps(self) -> None:
+        interval = self._config.executor_health_interval
         while True:
+            await self._channel.drain()  # back-pressure: the API process is not far behind
             if await self.loop.step():
                 continue
             self._wake.clear()
             if not self.scheduler.has_work():
-                await self._wake.wait()
+                try:  # idle: wake for a command, or ping the executor now and then
+                    await asyncio.wait_for(self._wake.wait(), timeout=interval)
+                except asyncio.TimeoutError:
+                    await self._client.ping(interval)
             else:
                 # Work exists but nothing could be scheduled: wait for a change, not a spin.
                 try:
@@ -137,26 +215,46 @@ class EngineCore:
                     pass
 
 
-async def _core_main(config: SchedulerConfig, conn: Connection) -> None:
-    core = EngineCore(config, conn)
+async def _core_main(sock: socket.socket, max_frame_bytes: int) -> None:
+    channel = await Channel.open(sock, max_frame_bytes)
     try:
-        info = await core.connect()
-    except Exception as e:  # noqa: BLE001 - reported to the API process
-        conn.send(Failed(f"{type(e).__name__}: {e}"))
+        config: SchedulerConfig = await channel.recv()  # the API process's first frame
+    except ChannelClosed:
         return
-    conn.send(Ready(info))
-    core._publish()  # the status RPC has real figures before the first request
-    asyncio.get_running_loop().add_reader(conn.fileno(), core.on_readable)
-    await core.run()
-
-
-def core_process_main(config: SchedulerConfig, conn: Connection) -> None:
-    """Entry point of the engine core process."""
-    # Ctrl-C reaches the whole process group: the API process decides when the core stops
-    # (it terminates the core, or the core sees the pipe close).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(config.log_level, "engine-core")
-    try:
-        run_async(_core_main(config, conn))
-    except (KeyboardInterrupt, RuntimeError):  # stopped with the API process
-        pass
+    core = EngineCore(config, channel)
+    tasks = {asyncio.create_task(core.serve()), asyncio.create_task(core.read_commands())}
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    await channel.aclose()  # flushes what is written (a Failed) before the process ends
+    for task in done:
+        if isinstance(task.exception(), ChannelClosed):
+            log.info("the API process closed the channel; stopping")
+        elif task.exception() is not None:
+            raise task.exception()
+
+
+def command_line(fd: int, max_frame_bytes: int, parent_pid: int) -> list[str]:
+    """The arguments main() reads (api/engine_client.py starts the process with them)."""
+    return ["--fd", str(fd), "--max-frame-bytes", str(max_frame_bytes), "--parent-pid", str(parent_pid)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the engine core process: its channel is the inherited socket `--fd`."""
+    p = argparse.ArgumentParser(prog="llmserve-engine-core")
+    p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--max-frame-bytes", type=int, required=True)
+    p.add_argument("--parent-pid", type=int, required=True)
+    args = p.parse_args(argv)
+    # Ctrl-C and a SIGTERM to the process group reach this process too: the API process
+    # decides when the core stops (it closes the channel), so that it can drain first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    die_with_parent(signal.SIGKILL, args.parent_pid)  # even a SIGKILLed parent takes the core along
+    run_async(_core_main(socket.socket(fileno=args.fd), args.max_frame_bytes))
+
+
+if __name__ == "__main__":
+    main()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from protos.llmserve.executor.v1 import executor_pb2 as epb
@@ -13,6 +15,11 @@ MAX_MESSAGE_BYTES = 64 << 20
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Reconnect within a second of the executor coming (back) up: gRPC's default back-off
+    # grows to minutes, which delayed every start by seconds.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 
@@ -24,8 +31,11 @@ class ExecutorClient:
     """Sends step plans and reads step results over one bidirectional stream, in order (the
     step loop's transport in the engine core); speaks domain types, converts at this edge."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, internal_token: str = "", step_timeout: float | None = None):
         self._address = address
+        self._step_timeout = step_timeout  # seconds a result may take; None = no limit
+        # the executor's credential, sent on every call; none = an --insecure-no-auth executor
+        self._metadata = (("authorization", f"Bearer {internal_token}"),) if internal_token else None
         self._channel: grpc.aio.Channel | None = None
         self._stream = None
 
@@ -35,11 +45,13 @@ class ExecutorClient:
         self._channel = grpc.aio.insecure_channel(self._address, options=CHANNEL_OPTIONS)
         stub = epb_grpc.ExecutorStub(self._channel)
         try:
-            info = await stub.Handshake(epb.HandshakeRequest(), wait_for_ready=True, timeout=timeout)
-            await stub.Reset(epb.ResetRequest(), timeout=timeout)
+            info = await stub.Handshake(epb.HandshakeRequest(), wait_for_ready=True, timeout=timeout,
+                                        metadata=self._metadata)
+            # Reset also ends a plan stream of ours the executor still holds open
+            await stub.Reset(epb.ResetRequest(), timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             raise ExecutorUnavailable(f"executor at {self._address}: {e.details()}") from e
-        self._stream = stub.Execute()
+        self._stream = stub.Execute(metadata=self._metadata)
         return codec.info_from_pb(info)
 
     async def send(self, plan: StepPlan) -> None:
@@ -50,12 +62,24 @@ class ExecutorClient:
 
     async def receive(self) -> StepResult:
         try:
-            result = await self._stream.read()
+            result = await asyncio.wait_for(self._stream.read(), self._step_timeout)
+        except asyncio.TimeoutError:
+            raise ExecutorUnavailable(
+                f"no step result for {self._step_timeout:g} s: the executor is hung") from None
         except grpc.aio.AioRpcError as e:
             raise ExecutorUnavailable(f"step stream broke: {e.details()}") from e
         if result is grpc.aio.EOF:
             raise ExecutorUnavailable("the executor closed the step stream")
         return codec.result_from_pb(result)
+
+    async def ping(self, timeout: float) -> None:
+        """Raises ExecutorUnavailable unless the executor answers a handshake within timeout."""
+        stub = epb_grpc.ExecutorStub(self._channel)
+        try:
+            await stub.Handshake(epb.HandshakeRequest(), timeout=timeout, metadata=self._metadata)
+        except grpc.aio.AioRpcError as e:
+            raise ExecutorUnavailable(f"the executor did not answer a ping within {timeout:g} s: "
+                                      f"{e.code().name}") from e
 
     async def close(self) -> None:
         if self._stream is not None:

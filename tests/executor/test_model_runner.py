@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from executor_svc.plan_checks import PlanError
 from step_protocol.domain import CachedRequestData, NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import cached_rows, decode_rows, hf_greedy, make_runner
 
@@ -115,10 +116,11 @@ def test_finished_request_frees_its_row(runner):
 
 def test_bad_plans_raise(runner):
     d = Driver(runner)
-    with pytest.raises(KeyError):
+    with pytest.raises(PlanError, match="42"):
         d.step(cached=decode_rows([42]))
-    with pytest.raises(ValueError):  # more tokens than its one block holds
+    with pytest.raises(PlanError, match="do not fit"):  # more tokens than its one block holds
         d.step(new=[NewRequestData(1, PROMPT_A, GREEDY, d.blocks(1), 0, len(PROMPT_A))])
+    assert not runner.batch.requests
 
 
 def test_seeded_sampling_is_reproducible_across_runs(runner):

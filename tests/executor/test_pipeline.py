@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from executor_svc.pipeline import StepPipeline
+from executor_svc.plan_checks import PlanError
 from executor_svc.servicer import ExecutorServicer
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
@@ -96,7 +97,7 @@ def runner(model_dirs):
 
 
 def _plans() -> list[pb.StepPlan]:
-    greedy = pb.SamplerParams(temperature=0.0)
+    greedy = pb.SamplerParams(temperature=0.0, top_p=1.0)
     sampled = pb.SamplerParams(temperature=0.8, top_k=40, top_p=0.9, seed=7)
 
     def new(req_id, prompt, params, block):
@@ -156,8 +157,8 @@ def test_execute_two_ahead_and_one_at_a_time_equal_sequential(runner):
     for msg in plans:
         try:
             expected.append(codec.result_to_pb(runner.execute(codec.plan_from_pb(msg))))
-        except KeyError as exc:
-            expected.append(codec.result_to_pb(StepResult(step_id=msg.step_id, error=f"KeyError: {exc}")))
+        except PlanError as exc:
+            expected.append(codec.result_to_pb(StepResult(step_id=msg.step_id, error=f"PlanError: {exc}")))
     runner.reset()
     assert expected[4].error and expected[1].token_ids
     for ahead in (2, 1, 2):

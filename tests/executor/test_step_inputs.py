@@ -97,24 +97,6 @@ def test_prepare_step_equals_per_request_loop(seed):
         np.testing.assert_array_equal(batch.num_computed, before)
 
 
-def test_bad_steps_raise_and_change_nothing():
-    rng = np.random.default_rng(0)
-    batch = random_batch(rng, 4)
-    buf = StepBuffers(SEQS, TOKENS, MAX_BLOCKS, CPU)
-    batch.num_computed[:] = batch.num_known - 2  # two known tokens left each
-    rows = np.array([s.row for s in batch.requests.values()])
-    one, three = np.ones(4, dtype=np.int64), np.array([1, 1, 1, 3])
-    computed = batch.num_computed.copy()
-    bad = [(rows, three, "known tokens"), (np.array([rows[0], rows[0]]), one[:2], "twice"),
-           (rows, np.full(4, 100), "step too large"), (rows, one, "exceed its blocks")]
-    for r, n, message in bad:
-        if message == "exceed its blocks":
-            batch.num_blocks[rows[2]] = 0
-        with pytest.raises(ValueError, match=message):
-            prepare_step(batch, buf, Scheduled(r, n), LIMITS)
-        np.testing.assert_array_equal(batch.num_computed, computed)
-
-
 def test_small_group_members_are_views_of_one_buffer():
     buf = StepBuffers(SEQS, TOKENS, MAX_BLOCKS, CPU)
     assert buf.top_p.np[:SEQS].tolist() == [1.0] * SEQS and not buf.seeds.np.any()

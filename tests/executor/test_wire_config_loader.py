@@ -1,5 +1,5 @@
 """What the executor decodes and encodes (step_protocol.codec), configuration from flags and
-environment, loader edge cases."""
+environment (the internal token of both services too), loader edge cases."""
 
 from __future__ import annotations
 
@@ -63,6 +63,27 @@ def test_config_flags_env_fallback_and_defaults(monkeypatch):
     assert cfg.cuda_graph_sizes == (1, 4)
 
 
+def test_internal_token_flags_env_precedence_and_repr(monkeypatch):
+    from llmserve.launcher import services_env
+    from scheduler_svc.config import from_args as scheduler_from_args
+
+    monkeypatch.setenv("LLMSERVE_INTERNAL_TOKEN", "shared")
+    cfg = ExecutorConfig.from_args(["--device", "cpu"])
+    assert (cfg.internal_token, cfg.insecure_no_auth, cfg.enable_reflection) == ("shared", False, False)
+    assert scheduler_from_args([]).internal_token == "shared"
+    monkeypatch.setenv("LLMSERVE_EXECUTOR_INTERNAL_TOKEN", "own")  # the service's own variable wins
+    monkeypatch.setenv("LLMSERVE_SCHEDULER_INTERNAL_TOKEN", "own")
+    assert ExecutorConfig.from_args(["--device", "cpu"]).internal_token == "own"
+    assert scheduler_from_args([]).internal_token == "own"
+    cfg = ExecutorConfig.from_args(["--device", "cpu", "--internal-token", "flag", "--enable-reflection"])
+    assert cfg.internal_token == "flag" and cfg.enable_reflection  # the flag wins over both
+    assert "flag" not in repr(cfg) and "own" not in repr(scheduler_from_args([]))
+    monkeypatch.setenv("LLMSERVE_EXECUTOR_INSECURE_NO_AUTH", "1")
+    assert ExecutorConfig.from_args(["--device", "cpu"]).insecure_no_auth
+    env = services_env({"PATH": "/bin", "LLMSERVE_EXECUTOR_INTERNAL_TOKEN": "stale"}, "fresh")
+    assert env == {"PATH": "/bin", "LLMSERVE_INTERNAL_TOKEN": "fresh"}  # both children get one token
+
+
 def test_sharded_checkpoint_with_tied_embeddings(tmp_path, model_dirs):
     sharded = build_random_model(tmp_path / "s", "tiny-llama", shard_bytes=40_000, tie_word_embeddings=True)
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
@@ -82,5 +103,5 @@ def test_eos_ids_and_unsupported_type(tmp_path, model_dirs):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2", "n_embd": 64}))
-    with pytest.raises(ValueError, match="unsupported"):
+    with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
         load_model(bad, "cpu", torch.float32)

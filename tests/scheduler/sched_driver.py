@@ -32,6 +32,9 @@ class LetterDetokenizer:
     def step(self, token_id: int) -> str:
         return letter(token_id)
 
+    def flush(self) -> str:
+        return ""  # holds nothing back
+
 
 def make_scheduler(**overrides) -> Scheduler:
     return Scheduler(make_config(**overrides), lambda request: LetterDetokenizer())

@@ -141,7 +141,7 @@ class GetServerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerStatus(_message.Message):
-    __slots__ = ("total_blocks", "free_blocks", "used_blocks", "num_running", "num_waiting", "num_steps", "executor_busy_us", "num_graph_steps")
+    __slots__ = ("total_blocks", "free_blocks", "used_blocks", "num_running", "num_waiting", "num_steps", "executor_busy_us", "num_graph_steps", "executor_available")
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     USED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class ServerStatus(_message.Message):
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_BUSY_US_FIELD_NUMBER: _ClassVar[int]
     NUM_GRAPH_STEPS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     total_blocks: int
     free_blocks: int
     used_blocks: int
@@ -158,4 +159,5 @@ class ServerStatus(_message.Message):
     num_steps: int
     executor_busy_us: int
     num_graph_steps: int
-    def __init__(self, total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., used_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_steps: _Optional[int] = ..., executor_busy_us: _Optional[int] = ..., num_graph_steps: _Optional[int] = ...) -> None: ...
+    executor_available: bool
+    def __init__(self, total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., used_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_steps: _Optional[int] = ..., executor_busy_us: _Optional[int] = ..., num_graph_steps: _Optional[int] = ..., executor_available: _Optional[bool] = ...) -> None: ...

@@ -121,6 +121,46 @@ def test_scheduler_streams_text_and_cuts_stop_strings(tok):
     assert finals == {0: (FinishReason.STOP, "語 🚀"), 1: (FinishReason.EOS, "")}
 
 
+def _stream(tok, answers: dict[int, list[int]], max_tokens: int, eos: bool = False) -> dict[int, str]:
+    """Runs each request through the scheduler with the given outputs; its streamed text."""
+    s = Scheduler(make_config(eos_token_ids=tok.eos_token_ids, max_model_len=512, max_num_seqs=64,
+                              max_num_batched_tokens=512), tok)
+    for req_id in answers:
+        s.add_request(req(req_id, tok.encode("Q:"), max_tokens=max_tokens))
+    texts = dict.fromkeys(answers, "")
+    for i in range(max_tokens):
+        plan = s.schedule()
+        sampled = {r: answers[r][i] for r in plan.scheduled_req_ids if i < len(answers[r])}
+        for out in s.update_from_output(plan, sampled):
+            texts[out.req_id] += out.new_text
+    assert not s.requests
+    return texts
+
+
+def test_text_still_held_at_the_end_is_flushed(tok):
+    """The concatenated streamed text equals decode() of the output: characters the
+    detokenizer was still holding when max_tokens or EOS came are not lost."""
+    import random
+
+    rng = random.Random(7)
+    complete = ["Grüße 😀🎉 東", "日本語 🚀", " café naïve", "a😀", "東"]
+    answers = {i: tok.encode(t, add_special_tokens=False) for i, t in enumerate(complete)}
+    # cut inside multi-byte characters, and random ids (incomplete UTF-8 at the end)
+    answers.update({10 + i: tok.encode(t, add_special_tokens=False)[:-1] for i, t in enumerate(complete)})
+    answers.update({20 + i: [rng.randrange(3, 400) for _ in range(rng.randrange(1, 9))] for i in range(40)})
+    by_length = {k: v for k, v in answers.items() if v}
+    texts = {}
+    for n in sorted({len(v) for v in by_length.values()}):  # max_tokens = each answer's length
+        group = {k: v for k, v in by_length.items() if len(v) == n}
+        texts.update(_stream(tok, group, max_tokens=n))
+    for req_id, ids in by_length.items():
+        assert texts[req_id] == tok.decode(ids), (req_id, ids)
+    # ended by EOS: the text before it is whole too
+    ids = tok.encode("東", add_special_tokens=False)[:-1]
+    eos = _stream(tok, {0: ids + [tok.eos_token_ids[0]]}, max_tokens=len(ids) + 5)
+    assert eos[0] == tok.decode(ids) and eos[0].endswith("\ufffd")
+
+
 def test_tokenizer_does_not_import_transformers():
     import subprocess
     import sys

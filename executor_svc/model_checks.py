@@ -1,0 +1,151 @@
+"""What the executor refuses to serve, said in one line at start-up.
+
+A `--model` that is not a folder with config.json, and a config whose fields change the
+outputs in ways models/llama.py does not implement (a sliding window, rope scalings other
+than default and llama3, biases we do not have, another activation, ...). Served anyway,
+such a model would not fail: it would answer with plausible wrong text. Each refusal names
+the field and its value. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# config.model_type of the families we serve (LlamaForCausalLM, MistralForCausalLM, ...)
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+IMPLEMENTED_ROPE_TYPES = ("default", "llama3")  # layers.rope_inv_freq
+SILU = ("silu", "swish")  # the one activation of layers.silu_and_mul (transformers: same function)
+_WINDOWED_TYPES = ("mistral", "qwen2", "qwen3")  # where transformers applies sliding_window
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+class ModelError(ValueError):
+    """The model cannot be served as asked; the message is one line naming the path or field."""
+
+
+def check_model_folder(path: Path) -> None:
+    """A local folder holding config.json; a hub id is not looked up (nothing is downloaded)."""
+    if not path.exists():
+        raise ModelError(f"--model {path}: no such folder (a local Hugging Face model folder with "
+                         f"config.json is needed; nothing is downloaded)")
+    if not path.is_dir():
+        raise ModelError(f"--model {path}: not a folder (a Hugging Face model folder with config.json is needed)")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"--model {path}: the folder has no config.json")
+
+
+def read_model_type(path: Path) -> str:
+    """config.json's model_type, checked against the families we serve before transformers
+    parses it (an unknown type would otherwise fail deep inside AutoConfig)."""
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelError(f"{path / 'config.json'}: cannot be read: {e}") from None
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelError(f"unsupported model_type {model_type!r} in {path / 'config.json'} "
+                         f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    return model_type
+
+
+def check_config(cfg) -> None:
+    """Refuses every config field that would change outputs and is not implemented."""
+    model_type = cfg.model_type
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelError(f"unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    act = getattr(cfg, "hidden_act", "silu")
+    _refuse_if(act not in SILU, f"hidden_act={act!r}: only silu is implemented")
+    # transformers puts attention_bias on q, k, v and o of llama and qwen3; we have a qkv bias
+    # (qwen2's, always on) and no o_proj bias. Mistral's attention ignores the field.
+    _refuse_if(model_type in ("llama", "qwen3") and getattr(cfg, "attention_bias", False),
+               "attention_bias=True: attention projection biases are not implemented")
+    _refuse_if(getattr(cfg, "mlp_bias", False), "mlp_bias=True: MLP biases are not implemented")
+    quantization = getattr(cfg, "quantization_config", None)
+    if quantization is not None:
+        raise ModelError(f"quantization_config={_brief(quantization)}: quantized checkpoints are not "
+                         f"implemented (serve the unquantized weights)")
+    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        value = getattr(cfg, name, None)
+        _refuse_if(value is not None, f"{name}={value}: logit soft-capping is not implemented")
+    heads, kv_heads = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    _refuse_if(heads % kv_heads != 0,
+               f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+    _check_rope(cfg)
+    if model_type in _WINDOWED_TYPES and model_type != "mistral":
+        kinds = set(getattr(cfg, "layer_types", None) or ()) - set(_LAYER_TYPES)
+        _refuse_if(bool(kinds), f"layer_types with {sorted(kinds)}: only full and sliding attention exist here")
+
+
+def rope_parameters(cfg) -> dict:
+    """The rope settings however the transformers version names them (rope_parameters since
+    v5, rope_scaling before); {} = default rope."""
+    return dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+
+
+def _check_rope(cfg) -> None:
+    rope = rope_parameters(cfg)
+    _refuse_if(any(isinstance(v, dict) for v in rope.values()),
+               f"rope_parameters per layer type ({sorted(rope)}): not implemented")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    _refuse_if(rope_type not in IMPLEMENTED_ROPE_TYPES,
+               f"rope_scaling rope_type={rope_type!r}: not implemented (implemented: "
+               f"{', '.join(IMPLEMENTED_ROPE_TYPES)})")
+    factor = rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))
+    _refuse_if(factor not in (None, 1, 1.0), f"partial_rotary_factor={factor}: partial rotary embeddings are not implemented")
+
+
+def sliding_window(cfg) -> int | None:
+    """The attention window transformers applies to this model; None = full attention in
+    every layer. Mistral slides in every layer when sliding_window is set; Qwen2/Qwen3 in the
+    layers layer_types marks (older transformers: from max_window_layers on, if
+    use_sliding_window)."""
+    window = getattr(cfg, "sliding_window", None)
+    if window is None or cfg.model_type not in _WINDOWED_TYPES:
+        return None
+    if cfg.model_type == "mistral":
+        return int(window)
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is None:
+        slides = bool(getattr(cfg, "use_sliding_window", False)) and (
+            getattr(cfg, "max_window_layers", 0) < cfg.num_hidden_layers)
+    else:
+        slides = "sliding_attention" in layer_types
+    return int(window) if slides else None
+
+
+def served_max_model_len(cfg, requested: int) -> int:
+    """Most tokens per request: `requested` (--max-model-len; 0 = max_position_embeddings).
+
+    Sliding-window attention is not implemented, so a model with a window shorter than that
+    is served with full attention only as far as the window reaches: with no --max-model-len
+    it is capped to the window (WARNING); a longer --max-model-len is refused. So is one past
+    max_position_embeddings (the rotary tables end there)."""
+    max_positions = cfg.max_position_embeddings
+    window = sliding_window(cfg)
+    if requested:
+        _refuse_if(requested > max_positions,
+                   f"--max-model-len {requested} > max_position_embeddings={max_positions} of the model")
+        _refuse_if(window is not None and requested > window,
+                   f"sliding_window={window}: sliding-window attention is not implemented, so "
+                   f"--max-model-len {requested} cannot be served (use {window} or less)")
+        return requested
+    if window is not None and window < max_positions:
+        log.warning("sliding_window=%d < max_position_embeddings=%d and sliding-window attention is "
+                    "not implemented: serving max_model_len=%d (full attention is exact that far)",
+                    window, max_positions, window)
+        return window
+    return max_positions
+
+
+def _refuse_if(condition: bool, message: str) -> None:
+    if condition:
+        raise ModelError(message)
+
+
+def _brief(value) -> str:
+    text = repr(value.get("quant_method", value) if isinstance(value, dict) else value)
+    return text if len(text) <= 60 else text[:57] + "..."
