@@ -49,22 +49,40 @@ def make_scheduler(runner: ModelRunner) -> Scheduler:
 def run_workload(runner: ModelRunner, workload, *, temperature: float = 0.0, overlap: bool = True
                  ) -> tuple[int, float, float]:
     """Runs every request to completion; returns (output tokens, wall seconds, busy fraction)."""
+    requests = [Request(i + 1, list(prompt), SamplingParams(
+        max_tokens=out_len, temperature=temperature, seed=i, ignore_eos=True))
+        for i, (prompt, out_len) in enumerate(workload)]
+    tokens, wall, busy_us = _run(runner, requests, overlap)
+    return sum(len(t) for t in tokens.values()), wall, busy_us / 1e6 / wall
+
+
+def greedy_tokens(runner: ModelRunner, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy outputs of the prompts, batched together (EOS ends a request)."""
+    requests = [Request(i + 1, list(p), SamplingParams(max_tokens=max_tokens, temperature=0.0))
+                for i, p in enumerate(prompts)]
+    tokens, _, _ = _run(runner, requests, overlap=True)
+    return [tokens[i + 1] for i in range(len(prompts))]
+
+
+def _run(runner: ModelRunner, requests: list[Request], overlap: bool
+         ) -> tuple[dict[int, list[int]], float, int]:
+    """Runs the requests through the engine's step loop: (token ids by request, wall s, busy µs)."""
     scheduler = make_scheduler(runner)
-    for i, (prompt, out_len) in enumerate(workload):
-        scheduler.add_request(Request(i + 1, list(prompt), SamplingParams(
-            max_tokens=out_len, temperature=temperature, seed=i, ignore_eos=True)))
-    totals = {"tokens": 0, "busy_us": 0}
+    for request in requests:
+        scheduler.add_request(request)
+    tokens: dict[int, list[int]] = {r.req_id: [] for r in requests}
+    busy = [0]
 
     def on_outputs(outputs, errors) -> None:
         assert not errors, errors
-        totals["tokens"] += sum(len(o.new_token_ids) for o in outputs)
+        for o in outputs:
+            tokens[o.req_id] += o.new_token_ids
 
     def on_result(result: StepResult) -> None:
-        totals["busy_us"] += result.forward_us + result.sample_us
+        busy[0] += result.forward_us + result.sample_us
 
     loop = StepLoop(scheduler, InProcessTransport(runner), depth=2 if overlap else 1,
                     on_outputs=on_outputs, on_result=on_result)
     t0 = time.perf_counter()
     asyncio.run(loop.run_until_idle())
-    wall = time.perf_counter() - t0
-    return totals["tokens"], wall, totals["busy_us"] / 1e6 / wall
+    return tokens, time.perf_counter() - t0, busy[0]

@@ -65,6 +65,21 @@ def rows(out_dir: Path) -> list[tuple[str, str, str]]:
         if row:
             r.append((f"W5 llama2-7b {total} tokens/request", f"{row['graph']:.1f} req/s graph",
                       f"eager {row['eager']:.1f} req/s: {row['gain']:+.0%} (target +{target}%)"))
+    r += _smol_rows(_load(out_dir, "smol"))
+    return r
+
+
+def _smol_rows(smol: dict) -> list[tuple[str, str, str]]:
+    r = []
+    a = smol.get("agreement")
+    if a:
+        r.append(("SmolLM2-135M bf16 teacher-forced top-1 vs fp32 CPU", f"{a['rate']:.2%}",
+                  f"{a['agree']}/{a['total']} tokens (target 99%); graphs == eager: {smol.get('graph_equals_eager')}"))
+    for name in ("w1", "w3"):
+        w = smol.get("overlap_on", {}).get(name)
+        if w:
+            figure = _fmt(w["tpot_ms"], " ms TPOT", 3) if name == "w1" else _fmt(w["tok_s"], " tok/s", 0)
+            r.append((f"SmolLM2-135M {name.upper()} full system", figure, f"GPU busy {w['busy']:.0%}"))
     return r
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 MODELS = Path("/tmp/llmserve-bench")
-SECTIONS = ("w4", "full", "peers", "w5")
+SECTIONS = ("w4", "full", "peers", "w5", "smol")
 
 
 def model_path(shape: str) -> Path:
@@ -36,11 +36,15 @@ def model_path(shape: str) -> Path:
 
 
 def runner_for(shape: str, **overrides):
+    return runner_for_folder(model_path(shape), **overrides)
+
+
+def runner_for_folder(folder: Path, **overrides):
     from executor_svc.config import ExecutorConfig
     from executor_svc.startup import build_runner
 
-    config = dataclasses.replace(
-        ExecutorConfig.from_args(["--model", str(model_path(shape)), "--device", "cuda"]), **overrides)
+    config = dataclasses.replace(ExecutorConfig.from_args(
+        ["--model", str(folder), "--device", "cuda", "--insecure-no-auth"]), **overrides)
     t = time.perf_counter()
     runner = build_runner(config)
     return runner, time.perf_counter() - t
@@ -127,12 +131,35 @@ def section_w5(out: dict) -> None:
     runner.use_graphs(True)
 
 
+def section_smol(out: dict, log_dir: Path) -> None:
+    """The built-in real model (SmolLM2-135M-Instruct) in bf16: agreement with the fp32 CPU
+    reference (teacher-forced), graphs vs eager outputs, and W1/W3 through both services."""
+    import torch
+
+    from benchmarks import inprocess, real_model, workloads
+
+    folders = real_model.folders(MODELS / "smol-cache")
+    prompts = real_model.chat_prompts(folders[torch.float32])
+    reference = real_model.reference_continuations(folders[torch.float32], prompts, 48)
+    agree, total = real_model.teacher_forced_agreement(folders[torch.bfloat16], "cuda", torch.bfloat16,
+                                                       prompts, reference)
+    out["agreement"] = dict(agree=agree, total=total, rate=agree / total)
+    runner, _ = runner_for_folder(folders[torch.bfloat16])
+    graphs = inprocess.greedy_tokens(runner, prompts, 48)
+    runner.use_graphs(False)
+    out["graph_equals_eager"] = graphs == inprocess.greedy_tokens(runner, prompts, 48)
+    del runner
+    torch.cuda.empty_cache()
+    out["overlap_on"] = _full_system_run(folders[torch.bfloat16], log_dir / "smol", [],
+                                         {"w1": (workloads.w1(), 0.0), "w3": (workloads.w3(), 0.0)})
+
+
 def run_section(name: str, out_dir: Path) -> None:
     out: dict = {}
     t = time.perf_counter()
     try:
-        if name == "full":
-            section_full(out, out_dir)
+        if name in ("full", "smol"):
+            globals()[f"section_{name}"](out, out_dir)
         else:
             globals()[f"section_{name}"](out)
     finally:

