@@ -1,3 +1,6 @@
-from executor_svc.server import main
+try:
+    from executor_svc.server import main
+except KeyboardInterrupt:  # Ctrl-C while still importing (torch takes a while): stop quietly
+    raise SystemExit(0) from None
 
 main()
