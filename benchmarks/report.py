@@ -66,6 +66,15 @@ def rows(out_dir: Path) -> list[tuple[str, str, str]]:
             r.append((f"W5 llama2-7b {total} tokens/request", f"{row['graph']:.1f} req/s graph",
                       f"eager {row['eager']:.1f} req/s: {row['gain']:+.0%} (target +{target}%)"))
     r += _smol_rows(_load(out_dir, "smol"))
+    w7 = _load(out_dir, "w7")
+    for mode in ("caching_on", "caching_off"):
+        m = w7.get(mode)
+        if m:
+            r.append((f"W7 multi-turn chat, prefix {mode.replace('_', ' ')}",
+                      f"TTFT p50 {m['ttft_p50_ms']:.1f} / p99 {m['ttft_p99_ms']:.1f} ms",
+                      f"{m['tokens_per_s']:,.0f} tok/s; hit rate {m['prefix_cache_hit_rate']:.1%}"))
+    if w7.get("ttft_p50_speedup"):
+        r.append(("W7 TTFT p50 off / on", f"{w7['ttft_p50_speedup']:.1f}x", "targets: hit rate >= 85%, >= 4x"))
     return r
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 MODELS = Path("/tmp/llmserve-bench")
-SECTIONS = ("w4", "full", "peers", "w5", "smol")
+SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7")
 
 
 def model_path(shape: str) -> Path:
@@ -154,11 +154,18 @@ def section_smol(out: dict, log_dir: Path) -> None:
                                          {"w1": (workloads.w1(), 0.0), "w3": (workloads.w3(), 0.0)})
 
 
+def section_w7(out: dict, log_dir: Path) -> None:
+    """W7: multi-turn chat with a shared 1,000-token system prompt, prefix caching on vs off."""
+    from benchmarks import w7_prefix
+
+    out.update(w7_prefix.run(model_path("llama-1b"), log_dir / "w7"))
+
+
 def run_section(name: str, out_dir: Path) -> None:
     out: dict = {}
     t = time.perf_counter()
     try:
-        if name in ("full", "smol"):
+        if name in ("full", "smol", "w7"):
             globals()[f"section_{name}"](out, out_dir)
         else:
             globals()[f"section_{name}"](out)

@@ -21,6 +21,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 0
     # Prompts longer than this are prefilled in chunks of at most this many tokens per step.
     long_prefill_token_threshold: int = 2048
+    # Automatic prefix caching (vLLM's name): requests whose prompts start alike share the KV
+    # blocks of that prefix instead of computing it again (docs/scheduler.md).
+    enable_prefix_caching: bool = True
     # Requests allowed to wait for admission; beyond, new requests get RESOURCE_EXHAUSTED.
     max_waiting: int = 4096
     # Plan step N+1 while the executor runs step N (issue 4); False = strict plan/wait/apply.
@@ -95,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                    default=_env("MAX_NUM_BATCHED_TOKENS", d.max_num_batched_tokens))
     p.add_argument("--long-prefill-token-threshold", type=int,
                    default=_env("LONG_PREFILL_TOKEN_THRESHOLD", d.long_prefill_token_threshold))
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=_env("ENABLE_PREFIX_CACHING", d.enable_prefix_caching),
+                   help="reuse the KV blocks of a prompt prefix already computed "
+                        "(default on; --no-enable-prefix-caching turns it off)")
     p.add_argument("--max-waiting", type=int, default=_env("MAX_WAITING", d.max_waiting))
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    default=_env("OVERLAP", d.overlap),

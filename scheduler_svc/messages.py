@@ -78,6 +78,9 @@ class CoreStats:
     prepare_us: int = 0
     forward_us: int = 0
     sample_us: int = 0
+    # Prefix caching, in tokens of admitted requests: looked up in the cache, found there.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     executor_available: bool = False  # handshaken and answering; False while (re)connecting
 
 

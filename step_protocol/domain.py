@@ -32,7 +32,8 @@ class NewRequestData:
     sampler_params: SamplerParams
     # The whole block table; later steps send only appended blocks.
     block_ids: list[int]
-    # Tokens whose KV is already in the cache (0 until prefix caching).
+    # Tokens whose KV is already in the cache: the leading block_ids hold them (a prefix-cache
+    # hit, whole blocks, possibly shared with other rows; never written by this row). 0 = none.
     num_computed_tokens: int
     # Tokens to compute this step, starting at num_computed_tokens (a chunk may stop short).
     num_scheduled_tokens: int

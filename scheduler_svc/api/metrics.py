@@ -23,6 +23,12 @@ class _EngineCollector:
                                   value=stats.num_graph_steps)
         yield CounterMetricFamily("llmserve_executor_forward_seconds", "Executor forward time",
                                   value=stats.forward_us / 1e6)
+        yield CounterMetricFamily("llmserve_prefix_cache_queries", "Prompt tokens looked up in the "
+                                  "prefix cache", value=s.prefix_cache_queries)
+        yield CounterMetricFamily("llmserve_prefix_cache_hits", "Prompt tokens found in the prefix "
+                                  "cache (KV reused)", value=s.prefix_cache_hits)
+        yield GaugeMetricFamily("llmserve_prefix_cache_hit_rate", "Prefix cache hits / queries since "
+                                "start", value=s.prefix_cache_hits / max(s.prefix_cache_queries, 1))
 
 
 def start_metrics(port: int, engine) -> None:

@@ -96,6 +96,8 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
             num_running=s.num_running, num_waiting=s.num_waiting, num_steps=s.num_steps,
             executor_busy_us=s.forward_us + s.sample_us, num_graph_steps=s.num_graph_steps,
             executor_available=s.executor_available,
+            prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits,
+            prefix_cache_hit_rate=s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0,
         )
 
     async def _admit(self, request: pb.GenerateRequest, context) -> tuple[list[int], object]:

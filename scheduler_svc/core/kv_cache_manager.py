@@ -1,8 +1,12 @@
-"""Block tables of requests: how many slots a step needs and which blocks provide them."""
+"""Block tables of requests: how many slots a step needs, which blocks provide them, and which
+full blocks are shared through the prefix cache."""
 
 from __future__ import annotations
 
-from .block_pool import BlockPool
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .block_pool import BlockPool, hash_block_tokens
 from .request import Request
 
 
@@ -18,14 +22,29 @@ def max_blocks_needed(num_prompt_tokens: int, max_tokens: int, max_model_len: in
     return cdiv(num_slots, block_size)
 
 
+@dataclass
+class PrefixCacheStats:
+    """Running totals, in tokens, of admitted requests: looked up in the cache, found there."""
+
+    num_queries: int = 0
+    num_hits: int = 0
+
+    def take(self) -> tuple[int, int]:
+        """(queries, hits) since the last take."""
+        out = (self.num_queries, self.num_hits)
+        self.num_queries = self.num_hits = 0
+        return out
+
+
 class KVCacheManager:
-    """Grows and frees requests' block tables over a BlockPool.
+    """Grows and frees requests' block tables over a BlockPool, sharing cached prefixes.
 
     Token regions of a request when a step is planned:
 
         |<----------------- num_tokens_with_pending ----------------->|
         |<-------- num_tokens (ids known here) -------->|<- pending ->|
         |<--- num_computed_tokens --->|<------- num_new_tokens ------>|
+        |<-- written -->|  (KV of steps applied; full blocks here are cacheable)
         |<--- block_ids (already held) --->|<----- new blocks ----->|
 
     Pending tokens were sampled by a step still in flight: the executor feeds them itself, so
@@ -33,26 +52,100 @@ class KVCacheManager:
     stops short of the right edge; a decode step is the one pending (or last known) token.
     allocate_slots makes the block table cover num_computed_tokens + num_new_tokens slots and
     returns only the blocks it appended (the delta the executor needs).
+
+    Prefix caching: a block is indexed once it is full of known tokens and a step that wrote
+    it has been applied (cache_written_blocks), so no request is offered KV that a step in
+    flight is still writing. A cached block is only read: a hit never covers a request's last
+    token, and a request only writes positions from its num_computed_tokens on.
     """
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
         self.block_size = block_size
+        self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks)
+        self.stats = PrefixCacheStats()
 
-    def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
-        num_slots = request.num_computed_tokens + num_new_tokens
-        return max(0, cdiv(num_slots, self.block_size) - len(request.block_ids))
+    def get_computed_blocks(self, request: Request) -> list[int]:
+        """The longest cached prefix of full blocks of a request that holds no blocks. At
+        least one token is left to compute so that the row samples: a fully cached prompt
+        backs off by one block (never by writing into a shared block)."""
+        if not self.enable_caching:
+            return []
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits = []
+        for block_hash in self._block_hashes(request, max_blocks)[:max_blocks]:
+            block_id = self.pool.cached_block(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
 
-    def can_allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
-        return self.pool.can_allocate(self.num_blocks_needed(request, num_new_tokens))
+    def num_blocks_needed(self, request: Request, num_new_tokens: int,
+                          num_computed_blocks: int = 0) -> int:
+        """New blocks for num_new_tokens more slots; num_computed_blocks cached blocks (not
+        yet in block_ids, nor in num_computed_tokens) come before them."""
+        num_slots = request.num_computed_tokens + num_computed_blocks * self.block_size + num_new_tokens
+        num_held = len(request.block_ids) + num_computed_blocks
+        return max(0, cdiv(num_slots, self.block_size) - num_held)
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int]:
-        """Appends the blocks needed for num_new_tokens more tokens; returns the new block ids."""
-        new_block_ids = self.pool.allocate(self.num_blocks_needed(request, num_new_tokens))
+    def can_allocate_slots(self, request: Request, num_new_tokens: int,
+                           computed_blocks: Sequence[int] = ()) -> bool:
+        # A hit on a free cached block takes it out of the free queue too.
+        num_evictable = sum(self.pool.blocks[b].ref_count == 0 for b in computed_blocks)
+        num_new = self.num_blocks_needed(request, num_new_tokens, len(computed_blocks))
+        return self.pool.can_allocate(num_new + num_evictable)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       computed_blocks: Sequence[int] = ()) -> list[int]:
+        """Appends computed_blocks (a prefix hit, for a request without blocks) and the blocks
+        needed for num_new_tokens more tokens; returns the newly allocated block ids."""
+        num_new = self.num_blocks_needed(request, num_new_tokens, len(computed_blocks))
+        if computed_blocks:
+            assert not request.block_ids, request
+            self.pool.touch(computed_blocks)  # first: allocate must not evict them
+            request.block_ids.extend(computed_blocks)
+            request.num_cached_blocks = len(computed_blocks)
+            request.num_written_tokens = len(computed_blocks) * self.block_size
+        new_block_ids = self.pool.allocate(num_new)
         request.block_ids.extend(new_block_ids)
         return new_block_ids
 
+    def record_admission(self, request: Request, num_hit_tokens: int) -> None:
+        """Counts an admitted request's prefix-cache lookup (tokens queried, tokens hit)."""
+        if self.enable_caching:
+            self.stats.num_queries += request.num_tokens
+            self.stats.num_hits += num_hit_tokens
+
+    def cache_written_blocks(self, request: Request, num_tokens: int) -> None:
+        """An applied step wrote num_tokens more of the request's KV: index its full blocks."""
+        request.num_written_tokens += num_tokens
+        if not self.enable_caching:
+            return
+        num_full = min(request.num_written_tokens, request.num_tokens) // self.block_size
+        if num_full <= request.num_cached_blocks:
+            return
+        hashes = self._block_hashes(request, num_full)
+        for i in range(request.num_cached_blocks, num_full):
+            self.pool.cache_block(request.block_ids[i], hashes[i])
+        request.num_cached_blocks = num_full
+
     def free(self, request: Request) -> None:
-        """Returns all of the request's blocks to the pool, tail first."""
+        """Returns all of the request's blocks to the pool, tail first (so its last blocks are
+        evicted first); cached ones stay findable until evicted."""
         self.pool.free(request.block_ids[::-1])
         request.block_ids = []
+        request.num_written_tokens = request.num_cached_blocks = 0
+
+    def num_blocks_freeing(self, holders: list[Request]) -> int:
+        """Held blocks that no request in holders holds (they come back once the steps in
+        flight of their finished or preempted holders are applied)."""
+        num_held = len({b for r in holders for b in r.block_ids})
+        return self.pool.num_total_blocks - self.pool.num_free_blocks - num_held
+
+    def _block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
+        """request.block_hashes, extended to (at least) num_blocks full blocks of known tokens."""
+        hashes, bs = request.block_hashes, self.block_size
+        for i in range(len(hashes), min(num_blocks, request.num_tokens // bs)):
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block_tokens(parent, request.token_ids_between(i * bs, i * bs + bs)))
+        return hashes

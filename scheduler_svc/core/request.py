@@ -49,6 +49,8 @@ class Request:
       pending tokens = sampled by a step in flight, not yet seen (num_pending_tokens)
       computed       = the first num_computed_tokens tokens have their KV written, or will
                        have once the steps in flight finish (advanced when scheduled)
+      written        = the first num_written_tokens: KV written by steps already applied
+                       (or found in the prefix cache); only these blocks may be shared
     """
 
     def __init__(self, req_id: int, prompt_token_ids: list[int], params: SamplingParams):
@@ -67,6 +69,12 @@ class Request:
         # written until this is 0, so they are freed only then.
         self.num_inflight_steps = 0
         self.block_ids: list[int] = []
+        # Prefix caching (kv_cache_manager.py): hashes of the full blocks of known tokens
+        # (token-derived, so they survive preemption), tokens whose KV a step already applied
+        # has written, and how many leading blocks of block_ids are in the prefix index.
+        self.block_hashes: list[bytes] = []
+        self.num_written_tokens = 0
+        self.num_cached_blocks = 0
         # Text state, set by the scheduler: incremental detokenizer and stop-string holdback.
         self.detokenizer: Any = None
         self.stop_matcher: Any = None
@@ -92,6 +100,15 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """Known token ids of positions start..end-1 (without copying all of them)."""
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n:end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
 
     @property
     def is_finished(self) -> bool:

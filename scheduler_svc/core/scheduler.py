@@ -36,6 +36,7 @@ class SchedulerCoreConfig:
     max_model_len: int  # prompt + output never exceed this
     long_prefill_token_threshold: int = 0  # most prefill tokens of one request per step; 0 = off
     eos_token_ids: tuple[int, ...] = ()
+    enable_prefix_caching: bool = True  # share the KV of equal prefixes (docs/scheduler.md)
 
 
 class Scheduler:
@@ -53,7 +54,7 @@ class Scheduler:
     def __init__(self, config: SchedulerCoreConfig,
                  detokenizer_factory: Callable[[Request], Any] | Tokenizer | None = None):
         self.config = config
-        self.kv = KVCacheManager(config.num_blocks, config.block_size)
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         if isinstance(detokenizer_factory, Tokenizer):
             detokenizer_factory = make_detokenizer_factory(detokenizer_factory)
         self.detokenizer_factory = detokenizer_factory
@@ -126,6 +127,10 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    def take_prefix_cache_stats(self) -> tuple[int, int]:
+        """Prefix-cache (queried, hit) tokens of requests admitted since the last call."""
+        return self.kv.stats.take()
+
     # -- planning ------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
@@ -145,7 +150,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new_tokens = self._num_new_tokens(request, budget)
+            num_new_tokens = self._num_new_tokens(request, budget, request.num_computed_tokens)
             if num_new_tokens == 0:  # finishes once its token in flight arrives
                 i += 1
                 continue
@@ -167,7 +172,7 @@ class Scheduler:
         """
         while not self.kv.can_allocate_slots(request, num_new_tokens):
             num_needed = self.kv.num_blocks_needed(request, num_new_tokens)
-            if self.num_free_blocks + self._num_blocks_freeing() >= num_needed:
+            if self.num_free_blocks + self.kv.num_blocks_freeing(self.running) >= num_needed:
                 return False
             victim = self.running[-1]
             self._preempt(victim, out)
@@ -175,22 +180,21 @@ class Scheduler:
                 return False
         return True
 
-    def _num_blocks_freeing(self) -> int:
-        """Blocks held by finished or preempted requests until their steps in flight end."""
-        num_held = sum(len(r.block_ids) for r in self.running)
-        return self.num_total_blocks - self.num_free_blocks - num_held
-
     def _schedule_waiting(self, out: StepPlan, budget: int) -> None:
         """Admits waiting requests in order (FCFS) while budget, seats and blocks last."""
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             if request.num_inflight_steps > 0:
                 break  # preempted with a token in flight: its ids are not all known yet
-            num_new_tokens = self._num_new_tokens(request, budget)
-            if not self.kv.can_allocate_slots(request, num_new_tokens):
+            hits = self.kv.get_computed_blocks(request)  # a cached prefix: not computed again
+            num_computed = len(hits) * self.config.block_size
+            num_new_tokens = self._num_new_tokens(request, budget, num_computed)
+            if not self.kv.can_allocate_slots(request, num_new_tokens, hits):
                 break
             self.waiting.popleft()
-            self.kv.allocate_slots(request, num_new_tokens)
+            self.kv.allocate_slots(request, num_new_tokens, hits)
+            self.kv.record_admission(request, num_computed)
+            request.num_computed_tokens = num_computed
             out.new_requests.append(NewRequestData(
                 request.req_id, request.all_token_ids, request.params.sampler_params(),
                 list(request.block_ids),
@@ -200,11 +204,11 @@ class Scheduler:
             self._advance(request, num_new_tokens)
             budget -= num_new_tokens
 
-    def _num_new_tokens(self, request: Request, budget: int) -> int:
+    def _num_new_tokens(self, request: Request, budget: int, num_computed_tokens: int) -> int:
         """The one rule: catch computed tokens up with all tokens, within the limits."""
         if length_reached(request, self.config.max_model_len, request.num_pending_tokens):
             return 0  # its last token is in flight: it will finish whatever the token is
-        num_new_tokens = request.num_tokens_with_pending - request.num_computed_tokens
+        num_new_tokens = request.num_tokens_with_pending - num_computed_tokens
         if self.config.long_prefill_token_threshold > 0:
             num_new_tokens = min(num_new_tokens, self.config.long_prefill_token_threshold)
         return min(num_new_tokens, budget)
@@ -241,13 +245,17 @@ class Scheduler:
                                f"in flight: {list(self._inflight_step_ids)}")
         self._inflight_step_ids.popleft()
         outputs, missing = [], []
-        for req_id in output.scheduled_req_ids:
+        counts = [r.num_scheduled_tokens for r in output.new_requests]
+        counts += output.cached_requests.num_scheduled_tokens
+        for req_id, num_tokens in zip(output.scheduled_req_ids, counts):
             request = self.requests[req_id]
             # Each step in flight adds at most one pending token, and non-sampling steps
             # (partial prefill chunks) come before sampling ones: this oldest step sampled
             # exactly when every step in flight did.
             should_sample = request.num_pending_tokens == request.num_inflight_steps
             request.num_inflight_steps -= 1
+            if not request.is_finished:  # (a failed step aborts its requests first)
+                self.kv.cache_written_blocks(request, num_tokens)  # its KV is there: share it
             token_id = sampled.get(req_id)
             if token_id is not None and request.num_pending_tokens > 0:
                 request.num_pending_tokens -= 1

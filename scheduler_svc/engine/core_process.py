@@ -46,6 +46,7 @@ def core_config(config: SchedulerConfig, info: ExecutorInfo) -> SchedulerCoreCon
         max_model_len=info.max_model_len,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         eos_token_ids=tuple(info.eos_token_ids),
+        enable_prefix_caching=config.enable_prefix_caching,
     )
 
 
@@ -153,6 +154,9 @@ class EngineCore:
         if sched is not None:
             s.num_total_blocks, s.num_free_blocks = sched.num_total_blocks, sched.num_free_blocks
             s.num_running, s.num_waiting = sched.num_running, sched.num_waiting
+            num_queries, num_hits = sched.take_prefix_cache_stats()  # totals survive a reconnect
+            s.prefix_cache_queries += num_queries
+            s.prefix_cache_hits += num_hits
         else:  # no executor: nothing runs, nothing is held
             s.num_total_blocks = s.num_free_blocks = s.num_running = s.num_waiting = 0
         stats = astuple(s)

@@ -52,3 +52,30 @@ def test_llama3_rope_matches_transformers(tmp_path):
         logits = model.compute_logits(model(ids, torch.arange(97), _prefill_meta(97, [1, 2, 3, 4, 5, 6, 7], 16), caches))
         ref = hf(ids[None]).logits[0]
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+
+
+def _chunk_meta(start: int, end: int, block_ids: list[int], block_size: int) -> AttentionMetadata:
+    """One request computing positions start..end-1; positions before start are in the cache."""
+    table = torch.tensor([block_ids], dtype=torch.int32)
+    pos = torch.arange(start, end)
+    slots = table[0, pos // block_size].long() * block_size + pos % block_size
+    return AttentionMetadata(slot_mapping=slots, block_tables=table,
+                             seq_lens=torch.tensor([end], dtype=torch.int32),
+                             query_start_loc=torch.tensor([0, end - start], dtype=torch.int32),
+                             max_query_len=end - start, max_seq_len=end, is_decode=False)
+
+
+def test_a_cached_prefix_gives_the_logits_of_computing_everything(model_dirs, hf_models):
+    """Prefix caching on the executor side: a second sequence whose block table starts with
+    another's full blocks computes only its own tail, with the logits of a full prefill."""
+    model = load_model(model_dirs["tiny-llama"], "cpu", torch.float32)
+    caches = allocate_kv_caches(model.args, 8, 16, torch.float32, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(2)
+    first = torch.randint(0, model.args.vocab_size, (37,), generator=gen)
+    second = torch.cat([first[:32], torch.randint(0, model.args.vocab_size, (6,), generator=gen)])
+    with torch.inference_mode():
+        model(first, torch.arange(37), _prefill_meta(37, [5, 2, 7], 16), caches)  # writes 5, 2, 7
+        hidden = model(second[32:], torch.arange(32, 38), _chunk_meta(32, 38, [5, 2, 3], 16), caches)
+        logits = model.compute_logits(hidden)  # [6, V]: positions 32..37 only
+        ref = hf_models["tiny-llama"](second[None]).logits[0, 32:]
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)

@@ -106,6 +106,22 @@ def test_preempted_request_resumes(runner, hf_models):
     assert generated == hf_greedy(hf_models["tiny-llama"], PROMPT_B, 8)
 
 
+def test_new_request_on_cached_prefix_blocks(runner, hf_models):
+    """Prefix caching: request 2 starts with request 1's first two full blocks (32 tokens),
+    arrives with num_computed_tokens=32 and computes only its tail; both then decode while
+    sharing those blocks, with the tokens of computing everything."""
+    hf = hf_models["tiny-llama"]
+    d = Driver(runner)
+    blocks_1 = d.blocks()
+    first_1 = d.step(new=[NewRequestData(1, PROMPT_A, GREEDY, blocks_1, 0, len(PROMPT_A))])
+    prompt_2 = PROMPT_A[:32] + PROMPT_B[:5]
+    first_2 = d.step(new=[NewRequestData(2, prompt_2, GREEDY, blocks_1[:2] + d.blocks(2), 32, 5)],
+                     cached=decode_rows([1]))
+    rest = d.decode([1, 2], 5)
+    assert [first_2[2]] + rest[2] == hf_greedy(hf, prompt_2, 6)
+    assert [first_1[1], first_2[1]] + rest[1] == hf_greedy(hf, PROMPT_A, 7)  # its blocks unharmed
+
+
 def test_finished_request_frees_its_row(runner):
     d = Driver(runner)
     d.step(new=[NewRequestData(5, PROMPT_B, GREEDY, d.blocks(), 0, len(PROMPT_B))])

@@ -61,46 +61,73 @@ class Row:
 
 class FakeExecutor:
     """Keeps rows as the real executor would: token ids cross once, then it feeds its own
-    samples. A fake KV cache (slot -> (req_id, position, token)) checks that no request's
-    blocks are written by another while it still uses them."""
+    samples. A fake KV cache (slot -> (position, every token up to it): what real KV depends
+    on) checks that every token a row attends to holds exactly its own prefix: a cached
+    prefix must be reused correctly, not just quickly. It also checks the block rules:
+    a row writes only blocks no other row holds, a cached prefix was written by a step
+    whose result is already back, and a newly handed-out block is in no step in flight."""
 
     def __init__(self, block_size: int):
         self.block_size = block_size
         self.rows: dict[int, Row] = {}
-        self.kv: dict[int, tuple[int, int, int]] = {}
+        self.kv: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self.unapplied: dict[int, int] = {}  # slot -> step that wrote it, result not back yet
+        self.inflight_blocks: dict[int, set[int]] = {}  # step id -> blocks its rows hold
 
     def execute(self, plan: StepPlan) -> StepResult:
         for req_id in plan.finished_req_ids + plan.preempted_req_ids:
             del self.rows[req_id]
+        new_blocks = [b for r in plan.new_requests
+                      for b in r.block_ids[r.num_computed_tokens // self.block_size:]]
+        new_blocks += plan.cached_requests.new_block_ids
+        busy = set().union(*self.inflight_blocks.values())
+        assert not busy & set(new_blocks), "a block of a step in flight was handed out again"
         for new in plan.new_requests:
             assert new.req_id not in self.rows
-            self.rows[new.req_id] = Row(list(new.token_ids), list(new.block_ids),
-                                        new.num_computed_tokens)
+            row = Row(list(new.token_ids), list(new.block_ids), new.num_computed_tokens)
+            self._check_cached_prefix(row)
+            self.rows[new.req_id] = row
         cached = cached_rows(plan.cached_requests)
         for req_id, _, new_block_ids in cached:
             self.rows[req_id].block_ids += new_block_ids
         scheduled = ([(r.req_id, r.num_scheduled_tokens) for r in plan.new_requests]
                      + [(req_id, n) for req_id, n, _ in cached])
+        self.inflight_blocks[plan.step_id] = {b for r, _ in scheduled for b in self.rows[r].block_ids}
         result = StepResult(plan.step_id)
         for req_id, num_tokens in scheduled:
-            token_id = self._run(req_id, self.rows[req_id], num_tokens)
+            token_id = self._run(plan.step_id, req_id, self.rows[req_id], num_tokens)
             if token_id is not None:
                 result.req_ids.append(req_id)
                 result.token_ids.append(token_id)
         return result
+
+    def applied(self, step_id: int) -> None:
+        """The scheduler receives step_id's result: its KV counts as written from now on."""
+        self.inflight_blocks.pop(step_id, None)
+        self.unapplied = {slot: s for slot, s in self.unapplied.items() if s != step_id}
+
+    def _check_cached_prefix(self, row: Row) -> None:
+        for p in range(row.num_computed_tokens):
+            slot = self._slot(row, p)
+            assert slot not in self.unapplied, "offered KV that a step in flight is writing"
+            assert self.kv.get(slot) == (p, tuple(row.token_ids[:p + 1])), "wrong cached prefix"
 
     def _slot(self, row: Row, position: int) -> int:
         block_id = row.block_ids[position // self.block_size]
         assert block_id != 0, "the null block was handed out"
         return block_id * self.block_size + position % self.block_size
 
-    def _run(self, req_id: int, row: Row, num_tokens: int) -> int | None:
+    def _run(self, step_id: int, req_id: int, row: Row, num_tokens: int) -> int | None:
         start, end = row.num_computed_tokens, row.num_computed_tokens + num_tokens
         assert end <= len(row.token_ids), "scheduled a token whose id the executor lacks"
         for p in range(start, end):
-            self.kv[self._slot(row, p)] = (req_id, p, row.token_ids[p])
+            block_id = row.block_ids[p // self.block_size]
+            assert all(block_id not in r.block_ids for i, r in self.rows.items() if i != req_id), \
+                "wrote a block another request holds"
+            self.kv[self._slot(row, p)] = (p, tuple(row.token_ids[:p + 1]))
+            self.unapplied[self._slot(row, p)] = step_id
         for p in range(end):  # "attention" reads the whole context
-            assert self.kv[self._slot(row, p)] == (req_id, p, row.token_ids[p]), "KV overwritten"
+            assert self.kv[self._slot(row, p)] == (p, tuple(row.token_ids[:p + 1])), "KV overwritten"
         row.num_computed_tokens = end
         if end < len(row.token_ids):
             return None  # a partial prefill chunk samples nothing
@@ -147,7 +174,9 @@ class FakeTransport:
         self._results.append(self.executor.execute(plan))
 
     async def receive(self) -> StepResult:
-        return self._results.popleft()
+        result = self._results.popleft()
+        self.executor.applied(result.step_id)
+        return result
 
 
 def cached_rows(cached: CachedRequestData) -> list[tuple[int, int, list[int]]]:
@@ -192,7 +221,8 @@ def run(scheduler: Scheduler, arrivals: dict[int, list[Request]], aborts=None, *
 
     asyncio.run(drive())
     assert not scheduler.requests and not scheduler.has_work()
-    assert scheduler.num_free_blocks == scheduler.num_total_blocks
+    assert scheduler.num_free_blocks == scheduler.num_total_blocks  # cached-but-free count as free
+    assert all(b.ref_count == 0 for b in scheduler.kv.pool.blocks[1:])
     return streams, transport.plans
 
 

@@ -10,13 +10,14 @@ def rows(plan):
                for req_id, n, blocks in cached_rows(plan.cached_requests)])
 
 
-def tiny_scheduler():
+def tiny_scheduler(**overrides):
     # 4 usable blocks of 2 slots: two 3-token prompts fill them.
-    return make_scheduler(num_blocks=5, block_size=2)
+    return make_scheduler(num_blocks=5, block_size=2, **overrides)
 
 
 def test_newest_running_request_is_preempted_and_resumed_in_full():
-    s = tiny_scheduler()
+    # Without prefix caching (test_prefix_cache.py has the resume from a cached prefix).
+    s = tiny_scheduler(enable_prefix_caching=False)
     s.add_request(req(0, [1, 2, 3], max_tokens=4))
     s.add_request(req(1, [4, 5, 6], max_tokens=4))
     streams: dict[int, Stream] = {}
