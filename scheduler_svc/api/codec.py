@@ -43,6 +43,7 @@ def raw_params_from_pb(p: pb.SamplingParams) -> RawParams:
         stop=p.stop,
         stop_token_ids=p.stop_token_ids,
         ignore_eos=p.ignore_eos,
+        include_stop_str_in_output=p.include_stop_str_in_output,
     )
 
 

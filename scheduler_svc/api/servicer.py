@@ -20,9 +20,9 @@ from scheduler_svc.api.engine_client import EngineClient
 from scheduler_svc.api.handlers import abort_with
 from scheduler_svc.api.prompts import Prompt, TokenIdsPrompt
 from scheduler_svc.api.tokenize_pool import TokenizePool
-from scheduler_svc.api.validation import (Limits, SizeLimits, build_sampling_params, check_prompt,
-                                          check_prompt_len, check_prompt_size, check_request_size,
-                                          invalid)
+from scheduler_svc.api.validation import (Limits, SizeLimits, build_sampling_params,
+                                          check_detokenize_ids, check_prompt, check_prompt_len,
+                                          check_prompt_size, check_request_size, invalid)
 from scheduler_svc.messages import RequestError
 
 log = logging.getLogger("llmserve.api")
@@ -80,6 +80,15 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
         except RequestError as e:
             await abort_with(context, e)
         return pb.TokenizeResponse(token_ids=encoded.token_ids, tokens=encoded.tokens)
+
+    async def Detokenize(self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext):
+        try:
+            token_ids = check_detokenize_ids(request.token_ids, self._limits)
+            skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
+            text = await self._pool.decode(token_ids, skip)
+        except RequestError as e:
+            await abort_with(context, e)
+        return pb.DetokenizeResponse(text=text)
 
     async def GetModelInfo(self, request, context):
         info = self._engine.info

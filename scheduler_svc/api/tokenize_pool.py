@@ -1,10 +1,11 @@
-"""Tokenization off the event loop: a few worker threads encode, render chat templates and list
-token texts, so that one large prompt never delays another request's stream.
+"""Tokenization off the event loop: a few worker threads encode, render chat templates, list
+token texts and decode ids, so that one large prompt never delays another request's stream.
 
 `tokenizers`' `Tokenizer.encode` holds the GIL for its whole run (a 10 MB prompt: 11-16 s in
 which no other RPC of the API process made progress), while `encode_batch` releases it; the
 workers therefore call `encode_batch([text])`, which gives the same encoding. Small prompts are
-encoded on the loop: the hop to a thread costs more than they do. After a large prompt the
+encoded on the loop: the hop to a thread costs more than they do (the same for decoding: the
+workers call `decode_batch([ids])`, small id lists are decoded on the loop). After a large prompt the
 workers hand the freed memory back to the system (glibc keeps it in per-thread arenas
 otherwise: +1.1 GB retained after one 10 MB prompt).
 """
@@ -30,6 +31,8 @@ log = logging.getLogger("llmserve.api")
 # Prompts up to this many characters are encoded on the loop (~0.3 ms at most); the thread
 # hop alone costs ~0.1 ms of latency.
 INLINE_MAX_CHARS = 1024
+# Id lists up to this length are decoded on the loop, for the same reason.
+INLINE_MAX_IDS = 256
 # After a prompt of at least this many characters the worker calls malloc_trim(0).
 TRIM_AFTER_CHARS = 1 << 20
 
@@ -61,14 +64,23 @@ class TokenizePool:
         num_chars = _num_chars(prompt)
         if num_chars <= INLINE_MAX_CHARS:
             return self._encode(prompt, max_tokens, with_tokens)
+        return await self._in_worker(self._encode_in_worker, prompt, max_tokens, with_tokens, num_chars)
+
+    async def decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
+        """The text of token ids (checked to be in the vocabulary by the caller)."""
+        if len(token_ids) <= INLINE_MAX_IDS:
+            return self._tokenizer.decode(token_ids, skip_special_tokens)
+        return await self._in_worker(self._decode_in_worker, token_ids, skip_special_tokens)
+
+    async def _in_worker(self, fn, *args):
+        """fn(*args) on a worker thread; RESOURCE_EXHAUSTED when max_pending jobs are queued."""
         if self._num_pending >= self._max_pending:
             raise RequestError("RESOURCE_EXHAUSTED",
                                f"{self._num_pending} prompts are already waiting to be tokenized; "
                                "retry later")
         self._num_pending += 1
         try:  # a cancelled call drops its queued job; a running one finishes unobserved
-            return await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._encode_in_worker, prompt, max_tokens, with_tokens, num_chars)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
         finally:
             self._num_pending -= 1
 
@@ -81,6 +93,9 @@ class TokenizePool:
         finally:  # the encoding (and the rendered chat) died with _encode's frame
             if num_chars >= TRIM_AFTER_CHARS:
                 self._release_memory()
+
+    def _decode_in_worker(self, token_ids: list[int], skip_special_tokens: bool) -> str:
+        return self._tokenizer.hf.decode_batch([token_ids], skip_special_tokens=skip_special_tokens)[0]
 
     def _encode(self, prompt: TextPrompt | ChatPrompt, max_tokens: int, with_tokens: bool) -> Encoded:
         if isinstance(prompt, ChatPrompt):

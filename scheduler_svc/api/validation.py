@@ -41,6 +41,7 @@ class RawParams:
     stop: Sequence[str] = ()  # may be the wire's repeated field: sizes are checked first
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,18 @@ def check_prompt(token_ids, limits: Limits) -> None:
         )
 
 
+def check_detokenize_ids(token_ids, limits: Limits) -> list[int]:
+    """Detokenize's ids (the wire's repeated field): at most the model's context, each in the
+    vocabulary; returned as a list."""
+    if len(token_ids) > limits.max_model_len:
+        raise invalid(f"Detokenize got {len(token_ids)} token ids; it answers up to the model's "
+                      f"context of {limits.max_model_len}")
+    bad = [t for t in token_ids if not 0 <= t < limits.vocab_size]
+    if bad:
+        raise invalid(f"token ids outside the vocabulary [0, {limits.vocab_size}): {bad[:5]}")
+    return list(token_ids)
+
+
 def build_sampling_params(raw: RawParams, prompt_len: int, limits: Limits) -> SamplingParams:
     """Validates the client's parameters and fills the defaults (max_tokens, seed, ...)."""
     room = limits.max_model_len - prompt_len
@@ -190,5 +203,5 @@ def build_sampling_params(raw: RawParams, prompt_len: int, limits: Limits) -> Sa
     return SamplingParams(
         max_tokens=max_tokens, temperature=temperature, top_k=raw.top_k, top_p=top_p,
         seed=seed, stop=tuple(raw.stop), stop_token_ids=tuple(raw.stop_token_ids),
-        ignore_eos=raw.ignore_eos,
+        ignore_eos=raw.ignore_eos, include_stop_str_in_output=raw.include_stop_str_in_output,
     )

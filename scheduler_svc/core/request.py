@@ -21,6 +21,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False  # a matched stop string ends the text, not cut
 
     def sampler_params(self) -> SamplerParams:
         """The part the executor's sampler needs (sent once with the request)."""

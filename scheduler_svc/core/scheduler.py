@@ -75,7 +75,8 @@ class Scheduler:
         request.arrival_order = self._num_arrivals
         self._num_arrivals += 1
         request.status = RequestStatus.WAITING
-        request.stop_matcher = StopStringMatcher(request.params.stop)
+        request.stop_matcher = StopStringMatcher(request.params.stop,
+                                                 request.params.include_stop_str_in_output)
         if self.detokenizer_factory is not None:
             request.detokenizer = self.detokenizer_factory(request)
         self.requests[request.req_id] = request

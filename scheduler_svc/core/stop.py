@@ -8,13 +8,14 @@ from .request import FinishReason, Request
 class StopStringMatcher:
     """Finds stop strings in streamed text and holds back any tail that might start one.
 
-    Text is cut before the stop string; a tail that is a prefix of some stop string is held
-    until it either completes the stop string or cannot anymore, so nothing streamed is ever
-    retracted.
+    Text is cut before the stop string (right after it with include_stop_str); a tail that is
+    a prefix of some stop string is held until it either completes the stop string or cannot
+    anymore, so nothing streamed is ever retracted.
     """
 
-    def __init__(self, stop: tuple[str, ...]):
+    def __init__(self, stop: tuple[str, ...], include_stop_str: bool = False):
         self.stop = tuple(s for s in stop if s)
+        self.include_stop_str = include_stop_str
         self.held_text = ""
 
     def feed(self, text: str) -> tuple[str, str]:
@@ -26,7 +27,8 @@ class StopStringMatcher:
         if matches:
             index, _, matched = min(matches)
             self.held_text = ""
-            return buf[:index], matched
+            end = index + len(matched) if self.include_stop_str else index
+            return buf[:end], matched
         num_held = _longest_stop_prefix_suffix(buf, self.stop)
         self.held_text = buf[len(buf) - num_held:]
         return buf[:len(buf) - num_held], ""

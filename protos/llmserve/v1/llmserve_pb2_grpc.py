@@ -50,6 +50,11 @@ class LLMServeStub:
                 request_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/llmserve.v1.LLMServe/Detokenize',
+                request_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/llmserve.v1.LLMServe/GetModelInfo',
                 request_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetModelInfoRequest.SerializeToString,
@@ -89,6 +94,13 @@ class LLMServeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Detokenize(self, request, context):
+        """Turns token ids back into text.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetModelInfo(self, request, context):
         """Static facts about the served model.
         """
@@ -120,6 +132,11 @@ def add_LLMServeServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.TokenizeRequest.FromString,
                     response_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.DetokenizeRequest.FromString,
+                    response_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.DetokenizeResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
@@ -214,6 +231,33 @@ class LLMServe:
             '/llmserve.v1.LLMServe/Tokenize',
             protos_dot_llmserve_dot_v1_dot_llmserve__pb2.TokenizeRequest.SerializeToString,
             protos_dot_llmserve_dot_v1_dot_llmserve__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmserve.v1.LLMServe/Detokenize',
+            protos_dot_llmserve_dot_v1_dot_llmserve__pb2.DetokenizeRequest.SerializeToString,
+            protos_dot_llmserve_dot_v1_dot_llmserve__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,3 +79,15 @@ def test_stop_string_beats_length_on_the_same_token():
     r = make(max_tokens=2, stop=("ab",))
     step(r, 0)
     assert step(r, 1) == ("", FinishReason.STOP, "ab")
+
+
+def test_include_stop_str_keeps_the_stop_string_and_never_retracts():
+    m = StopStringMatcher(("abc",), include_stop_str=True)
+    assert feed_all(m, ["hello a", "b", "cdef"]) == [("hello ", ""), ("", ""), ("abc", "abc")]
+    m = StopStringMatcher(("END",), include_stop_str=True)
+    assert m.feed("one END two") == ("one END", "END")
+    r = make(stop=("ab",), include_stop_str_in_output=True)
+    r.stop_matcher = StopStringMatcher(r.params.stop, r.params.include_stop_str_in_output)
+    assert step(r, 2) == ("c", None, "")
+    assert step(r, 0) == ("", None, "")  # 'a' held: it may start "ab"
+    assert step(r, 1) == ("ab", FinishReason.STOP, "ab")
