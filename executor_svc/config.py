@@ -34,6 +34,7 @@ class ExecutorConfig:
     cpu_kv_cache_gib: float = 1.0  # KV budget on CPU when num_kv_blocks is 0
     enforce_eager: bool = False  # no CUDA graphs
     cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes to capture, ascending
+    max_logprobs: int = 20  # most top alternatives a request may ask per position (vLLM's name)
     # The secret every executor RPC but grpc.health.v1 must carry ("authorization: Bearer
     # <token>"): only the scheduler that knows it may reset, plan or stream (docs/hardening.md).
     internal_token: str = field(default="", repr=False)
@@ -65,7 +66,7 @@ class ExecutorConfig:
             max_num_batched_tokens=max(max_tokens, max_num_seqs), max_model_len=ns.max_model_len,
             gpu_memory_utilization=ns.gpu_memory_utilization, num_kv_blocks=ns.num_kv_blocks,
             cpu_kv_cache_gib=ns.cpu_kv_cache_gib, enforce_eager=ns.enforce_eager,
-            cuda_graph_sizes=sizes, internal_token=ns.internal_token,
+            cuda_graph_sizes=sizes, max_logprobs=ns.max_logprobs, internal_token=ns.internal_token,
             insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
         )
 
@@ -109,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     add("num-kv-blocks", int, 0, "number of KV blocks (0 = measure / from --cpu-kv-cache-gib)")
     add("cpu-kv-cache-gib", float, 1.0, "KV cache budget on CPU, GiB")
     add("cuda-graph-sizes", str, "", "comma-separated decode batch sizes to capture")
+    add("max-logprobs", int, 20, "most top alternatives per position a request may ask for "
+        "(logprobs, prompt_logprobs); decode graphs extract this many when a request asks")
     add("internal-token", str, os.environ.get(SHARED_TOKEN_ENV, ""),
         f"secret the scheduler must send (prefer the env var {ENV_PREFIX}INTERNAL_TOKEN or "
         f"{SHARED_TOKEN_ENV}: flags show in ps)")

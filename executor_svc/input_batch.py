@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from executor_svc.sampling_rows import SamplingRows
 from step_protocol.domain import NewRequestData
 
 
@@ -23,8 +24,10 @@ class InputBatch:
     """Persistent per-request rows: block table, counters, sampling params, last sampled token
     (on device). The per-row numpy arrays let a step be prepared with whole-array operations."""
 
-    def __init__(self, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device):
+    def __init__(self, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device,
+                 sampling: SamplingRows):
         s = max_num_seqs
+        self.sampling = sampling  # the logits processors' per-row state
         self.max_num_seqs, self.max_blocks_per_seq = max_num_seqs, max_blocks_per_seq
         self.requests: dict[int, RequestState] = {}
         self.states: list[RequestState | None] = [None] * s  # by row
@@ -56,6 +59,7 @@ class InputBatch:
         s = new.sampler_params
         self.temperature[row], self.top_k[row], self.top_p[row] = s.temperature, s.top_k, s.top_p
         self.seed[row] = s.seed & 0x7FFFFFFFFFFFFFFF
+        self.sampling.add(row, new)
         try:
             self.append_blocks(state, new.block_ids)
         except ValueError:

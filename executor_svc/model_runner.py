@@ -16,11 +16,14 @@ import torch
 from executor_svc.attention import AttentionMetadata
 from executor_svc.cuda_graphs import GraphRunner
 from executor_svc.input_batch import InputBatch
+from executor_svc.logits_processors import apply_processors, compute_logprobs, count_tokens
 from executor_svc.models.llama import KVCache, LlamaForCausalLM
 from executor_svc.plan_checks import check_plan
 from executor_svc.sampler import SamplingTensors, sample
+from executor_svc.sampler_graphs import SamplerGraphs, processor_params
 from executor_svc.step_buffers import StepBuffers
 from executor_svc.step_inputs import PreparedStep, Scheduled, StepLimits, prepare_step
+from executor_svc.step_logprobs import PendingLogprobs, PendingPromptLogprobs, prompt_logprobs
 from step_protocol.domain import ExecutorInfo, StepPlan, StepResult
 
 
@@ -32,6 +35,8 @@ class StepHandle:
     req_ids: list[int] = field(default_factory=list)  # requests that sample, in plan order
     sampled_host: torch.Tensor | None = None  # [N] int64 view of a pinned host buffer
     timer: _Timer | None = None  # CUDA: its last event marks the step's completion
+    logprobs: PendingLogprobs | None = None
+    prompt_logprobs: PendingPromptLogprobs | None = None
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -43,13 +48,15 @@ class StepHandle:
 class ModelRunner:
     """Launches and finishes the steps of one device over what start-up built: the model, its
     KV caches, the persistent request rows (batch), the static step buffers and, on CUDA, the
-    captured decode graphs (None = always eager). `info` is the handshake answer."""
+    captured decode graphs (None = always eager) with their processor/logprobs graphs.
+    `info` is the handshake answer."""
 
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[KVCache], batch: InputBatch,
                  buffers: StepBuffers, limits: StepLimits, info: ExecutorInfo,
-                 graphs: GraphRunner | None = None):
+                 graphs: GraphRunner | None = None, sampler_graphs: SamplerGraphs | None = None):
         self.model, self.kv_caches, self.batch, self.buffers = model, kv_caches, batch, buffers
         self.limits, self._info, self.graphs = limits, info, graphs
+        self.sampler_graphs = sampler_graphs
         self.device = buffers.device
         self._graphs_on = graphs is not None
         # ids sampled by a step, copied here (pinned, one per step parity) and read in finish()
@@ -112,19 +119,22 @@ class ModelRunner:
             out.prepare_us = int((time.perf_counter() - t0) * 1e6)
             out.graph_size = graph_size
             timer.mark()
-            logits = self._forward(step, attn, graph_size)  # [N, V] float32 or the model dtype
+            logits, hidden = self._forward(step, attn, graph_size)  # [N, V]; [T, H] when eager
             timer.mark()
             sampled_host = self._sampled_host[parity][:step.num_sample]
+            handle = StepHandle(out, [], sampled_host, timer)
             if step.num_sample:
-                self._sample(step, logits, sampled_host)
-            timer.mark()  # after the copy of the ids: the step's completion event
+                handle.logprobs = self._sample(step, logits, sampled_host, graph_size)
+            if step.prompt_logprobs is not None:
+                handle.prompt_logprobs = prompt_logprobs(self.model.compute_logits, hidden,
+                                                         step.prompt_logprobs)
+            timer.mark()  # after the copies to the host: the step's completion event
         except BaseException:
             if self.device.type == "cuda":  # copies out of this host set may still be pending
                 torch.cuda.current_stream(self.device).synchronize()
             raise
         by_row = self.batch.states
-        req_ids = [by_row[r].req_id for r in step.sample_rows.tolist()]
-        handle = StepHandle(out, req_ids, sampled_host, timer)
+        handle.req_ids = [by_row[r].req_id for r in step.sample_rows.tolist()]
         self._handles[parity] = handle
         return handle
 
@@ -140,6 +150,10 @@ class ModelRunner:
             if handle.req_ids:
                 out.token_ids = handle.sampled_host.tolist()
                 out.req_ids = handle.req_ids
+                if handle.logprobs is not None:
+                    out.logprobs = handle.logprobs.result(out.token_ids)
+            if handle.prompt_logprobs is not None:
+                out.prompt_logprobs = handle.prompt_logprobs.result()
             handle.finished = True
             return out
 
@@ -181,27 +195,46 @@ class ModelRunner:
         return AttentionMetadata.from_buffers(buf, num_reqs, num_tokens, step.max_query_len,
                                               step.max_seq_len, num_sample=step.num_sample)
 
-    def _forward(self, step: PreparedStep, attn: AttentionMetadata, graph_size: int) -> torch.Tensor:
-        """[N, V] logits of the sampled rows: the graph of graph_size replayed, or eagerly (0)."""
+    def _forward(self, step: PreparedStep, attn: AttentionMetadata,
+                 graph_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """([N, V] logits of the sampled rows, [T, H] hidden states or None): the graph of
+        graph_size replayed (no hidden states), or eagerly (graph_size 0)."""
         if graph_size:
             logits = self.graphs.replay(graph_size)  # [graph_size, V] model dtype
-            return logits[attn.logits_indices]  # model dtype: the sampler reads it once
+            return logits[attn.logits_indices], None  # model dtype: the sampler reads it once
         t = step.num_tokens
         tokens = self.buffers.input_tokens(self.batch.last_sampled_gpu, t)  # [T] int64
         hidden = self.model(tokens, self.buffers.positions.gpu[:t], attn, self.kv_caches)  # [T, H]
-        return self.model.compute_logits(hidden[attn.logits_indices])
+        return self.model.compute_logits(hidden[attn.logits_indices]), hidden
 
-    def _sample(self, step: PreparedStep, logits: torch.Tensor, sampled_host: torch.Tensor) -> None:
-        """Samples [N] ids, stores them as the rows' last tokens on the device and enqueues
-        their copy into the (pinned) host buffer; finish() reads them after the event."""
+    def _sample(self, step: PreparedStep, logits: torch.Tensor, sampled_host: torch.Tensor,
+                graph_size: int) -> PendingLogprobs | None:
+        """Runs the logits processors (if a row uses one), samples [N] ids, stores them as the
+        rows' last tokens on the device, counts them (if a row has penalties) and enqueues
+        their copy (and their logprobs, if a row asked) to pinned host memory; finish() reads
+        them after the event. Decode steps replay the captured processor/logprobs graphs."""
         buf, n = self.buffers, step.num_sample
+        graphs = self.sampler_graphs if graph_size else None
+        tables = self.batch.sampling.tables
+        processed = logits
+        if step.need_processors:
+            processed = (graphs.processors(graph_size, n) if graphs is not None
+                         else apply_processors(logits, processor_params(buf, n), tables))
         params = SamplingTensors(
             temperature=buf.temperature.gpu[:n], top_k=buf.top_k.gpu[:n], top_p=buf.top_p.gpu[:n],
             seeds=buf.seeds.gpu[:n], positions=buf.sample_positions.gpu[:n],
             all_greedy=step.all_greedy, need_top_k_top_p=step.need_top_k_top_p)
-        sampled = sample(logits, params)  # [N] int64
-        self.batch.last_sampled_gpu.index_copy_(0, buf.sample_rows.gpu[:n], sampled)
+        sampled = sample(processed, params)  # [N] int64
+        rows = buf.sample_rows.gpu[:n]
+        self.batch.last_sampled_gpu.index_copy_(0, rows, sampled)
+        if step.need_penalties:
+            count_tokens(tables.counts, rows, sampled)
         sampled_host.copy_(sampled, non_blocking=True)
+        if step.num_logprobs < 0:
+            return None
+        lp = (graphs.logprobs(graph_size, sampled) if graphs is not None
+              else compute_logprobs(logits, sampled, step.num_logprobs))
+        return PendingLogprobs(lp, step.num_logprobs)
 
 
 class _Timer:

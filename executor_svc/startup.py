@@ -21,12 +21,17 @@ from executor_svc.cuda_graphs import GraphRunner
 from executor_svc.input_batch import InputBatch
 from executor_svc.model_runner import ModelRunner
 from executor_svc.models.llama import LlamaForCausalLM
+from executor_svc.sampler_graphs import SamplerGraphs
+from executor_svc.sampling_rows import SamplingRows
 from executor_svc.step_buffers import StepBuffers
 from executor_svc.step_inputs import StepLimits
 from step_protocol.domain import ExecutorInfo
 
 log = logging.getLogger(__name__)
 PROFILE_SEQ_LEN = 512  # the profiling step is max_num_batched_tokens as sequences of this length
+MAX_LOGIT_BIAS = 300  # logit_bias entries per request (OpenAI's limit)
+# ids min_tokens may mask: the scheduler's --max-stop-token-ids (256) plus the EOS ids
+MAX_MIN_TOKENS_STOP_IDS = 288
 
 
 def build_runner(config: ExecutorConfig) -> ModelRunner:
@@ -44,22 +49,29 @@ def build_runner(config: ExecutorConfig) -> ModelRunner:
                         config.max_num_batched_tokens)
     max_blocks_per_seq = -(-max_model_len // config.block_size)
     # before the KV sizing, so that what they hold on the device is not counted as free
-    batch = InputBatch(config.max_num_seqs, max_blocks_per_seq, device)
+    max_logprobs = max(0, min(config.max_logprobs, args.vocab_size))
+    sampling = SamplingRows(config.max_num_seqs, args.vocab_size, MAX_LOGIT_BIAS,
+                            MAX_MIN_TOKENS_STOP_IDS, device)
+    batch = InputBatch(config.max_num_seqs, max_blocks_per_seq, device, sampling)
     buffers = StepBuffers(config.max_num_seqs, config.max_num_batched_tokens, max_blocks_per_seq, device)
     num_blocks = measure_num_blocks(config, model, limits)
     kv_caches = kv_cache.allocate_kv_caches(args, num_blocks, config.block_size, dtype, device)
     log.info("KV cache: %d blocks of %d tokens", num_blocks, config.block_size)
-    graphs = None
+    graphs = sampler_graphs = None
     if config.use_cuda_graphs:
         graphs = GraphRunner(model, buffers, kv_caches, batch.last_sampled_gpu, config.cuda_graph_sizes,
                              max_model_len)
+        sampler_graphs = SamplerGraphs(graphs.logits, buffers, sampling.tables, graphs.sizes,
+                                       max_logprobs, graphs.pool)
     info = ExecutorInfo(
         model_name=config.model_name or source.name, model_path=str(model_path),
         vocab_size=args.vocab_size, eos_token_ids=tuple(loader.eos_token_ids(model_path, hf_config)),
         max_model_len=max_model_len, block_size=config.block_size, num_blocks=num_blocks,
         cuda_graph_sizes=tuple(graphs.sizes) if graphs else (), max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens, device=device.type, dtype=config.dtype)
-    return ModelRunner(model, kv_caches, batch, buffers, limits, info, graphs)
+        max_num_batched_tokens=config.max_num_batched_tokens, device=device.type, dtype=config.dtype,
+        max_logprobs=max_logprobs, max_logit_bias=MAX_LOGIT_BIAS,
+        max_min_tokens_stop_ids=MAX_MIN_TOKENS_STOP_IDS)
+    return ModelRunner(model, kv_caches, batch, buffers, limits, info, graphs, sampler_graphs)
 
 
 def measure_num_blocks(config: ExecutorConfig, model: LlamaForCausalLM, limits: StepLimits) -> int:

@@ -115,9 +115,17 @@ class StepBuffers:
             TwinSpec(s, f32, 1.0),  # top_p [N]
             TwinSpec(s, i64),  # seeds [N]
             TwinSpec(s, i64),  # sample_positions [N]: position of the sampled token
+            # the logits processors' per-row parameters [N] (logits_processors.ProcessorParams),
+            # written only by steps where some row uses a processor
+            TwinSpec(s, f32),  # min_p
+            TwinSpec(s, f32),  # presence_penalty
+            TwinSpec(s, f32),  # frequency_penalty
+            TwinSpec(s, f32, 1.0),  # repetition_penalty
+            TwinSpec(s, i64),  # min_pos: the min_tokens stop ids are masked before it
         ])
         (self.seq_lens, self.query_start_loc, self.logits_indices, self.sample_rows, self.temperature,
-         self.top_k, self.top_p, self.seeds, self.sample_positions) = self.small.twins
+         self.top_k, self.top_p, self.seeds, self.sample_positions, self.min_p, self.presence,
+         self.frequency, self.repetition, self.min_pos) = self.small.twins
 
     def use_host(self, i: int) -> None:
         """Selects host set i % 2 of every buffer (CUDA; a no-op on CPU, where one set is the device)."""
@@ -134,6 +142,8 @@ class StepBuffers:
         self.seq_lens.np[num_reqs:size] = 0
         self.block_tables.np[num_reqs:size] = 0
         self.query_start_loc.np[num_reqs + 1:size + 1] = self.query_start_loc.np[num_reqs]
+        # padded rows sample into the scratch row max_num_seqs (counts, last sampled token)
+        self.sample_rows.np[num_reqs:size] = self.max_num_seqs
 
     def copy_to_device(self, num_reqs: int, num_tokens: int) -> None:
         """Enqueues (non-blocking) the copy of what a step of num_reqs requests and num_tokens

@@ -42,10 +42,28 @@ class PreparedStep:
     max_seq_len: int
     all_greedy: bool
     need_top_k_top_p: bool
+    need_processors: bool = False  # some sampled row uses a logits processor
+    need_penalties: bool = False  # some sampled row needs its generated-token counts kept
+    num_logprobs: int = -1  # -1: no sampled row wants logprobs; else the most top-k asked
+    prompt_logprobs: PromptLogprobRows | None = None  # rows computing prompt logprobs
 
     @property
     def is_decode(self) -> bool:
         return self.num_tokens == self.num_reqs
+
+
+@dataclass
+class PromptLogprobRows:
+    """Prompt positions whose logprobs this step computes (prefill chunks of requests that
+    asked): request i gets counts[i] positions from first_positions[i]; flat, the logits of
+    token_indices[j] give the logprob of target_ids[j]. num_top = the most top-k asked."""
+
+    req_ids: list[int]
+    first_positions: list[int]
+    counts: list[int]
+    token_indices: np.ndarray  # [M] int64 index into the step's tokens
+    target_ids: np.ndarray  # [M] int64
+    num_top: int
 
 
 @dataclass(frozen=True)
@@ -106,7 +124,45 @@ def prepare_step(batch: InputBatch, buf: StepBuffers, sched: Scheduled, lim: Ste
     buf.top_p.np[:ns] = batch.top_p[srows]
     buf.seeds.np[:ns] = batch.seed[srows]
     cutting = (buf.top_k.np[:ns] > 0) | (buf.top_p.np[:ns] < 1.0)
+    rs = batch.sampling
+    need_processors = bool(rs.uses_processors[srows].any())
+    if need_processors:  # the per-row parameters of the processors (else never read)
+        buf.min_p.np[:ns] = rs.min_p[srows]
+        buf.presence.np[:ns] = rs.presence[srows]
+        buf.frequency.np[:ns] = rs.frequency[srows]
+        buf.repetition.np[:ns] = rs.repetition[srows]
+        buf.min_pos.np[:ns] = rs.min_pos[srows]
+    prompt_rows = None
+    if (rs.prompt_logprobs[rows] >= 0).any():
+        prompt_rows = _prompt_logprob_rows(batch, rows, start, end, cu - n)
 
     batch.num_computed[rows] = end
     return PreparedStep(b, t, ns, srows, int(n.max()), int(end.max()),
-                        all_greedy=not temps.any(), need_top_k_top_p=bool((cutting & (temps > 0)).any()))
+                        all_greedy=not temps.any(), need_top_k_top_p=bool((cutting & (temps > 0)).any()),
+                        need_processors=need_processors,
+                        need_penalties=bool(rs.uses_penalties[srows].any()),
+                        num_logprobs=int(rs.logprobs[srows].max(initial=-1)), prompt_logprobs=prompt_rows)
+
+
+def _prompt_logprob_rows(batch: InputBatch, rows: np.ndarray, start: np.ndarray, end: np.ndarray,
+                         offsets: np.ndarray) -> PromptLogprobRows | None:
+    """The prompt positions p (1 <= p < prompt_len) whose predicting token p - 1 this step
+    computes, for the rows that asked (Python per such row: prefill chunks only)."""
+    rs = batch.sampling
+    req_ids, firsts, counts, indices, targets, num_top = [], [], [], [], [], 0
+    for i in np.flatnonzero(rs.prompt_logprobs[rows] >= 0).tolist():
+        row = int(rows[i])
+        lo, hi = int(start[i]) + 1, min(int(end[i]), int(rs.prompt_len[row]) - 1)  # p in [lo, hi]
+        if hi < lo:
+            continue
+        state = batch.states[row]
+        req_ids.append(state.req_id)
+        firsts.append(lo)
+        counts.append(hi - lo + 1)
+        indices.append(np.arange(lo - 1, hi, dtype=np.int64) - int(start[i]) + int(offsets[i]))
+        targets.append(state.token_ids[lo:hi + 1])
+        num_top = max(num_top, int(rs.prompt_logprobs[row]))
+    if not req_ids:
+        return None
+    return PromptLogprobRows(req_ids, firsts, counts, np.concatenate(indices),
+                             np.concatenate(targets).astype(np.int64), num_top)

@@ -20,6 +20,32 @@ class SamplerParams:
     top_k: int = 0  # 0 = no top-k cut
     top_p: float = 1.0  # 1 = no nucleus cut
     seed: int = 0  # sampling is a pure function of (seed, position)
+    # Logits processors (vLLM's meanings), applied in this order before temperature:
+    # logit_bias and the min_tokens mask, then the penalties, then (after temperature) min_p.
+    min_p: float = 0.0  # 0 = off; drop tokens with prob < min_p * (top token's prob)
+    presence_penalty: float = 0.0  # subtracted once from each token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    repetition_penalty: float = 1.0  # 1 = off; divides positive / multiplies negative logits
+    #   of tokens in the prompt or the output (CTRL-style)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_tokens: int = 0  # until this many tokens are generated, min_tokens_stop_ids are masked
+    min_tokens_stop_ids: tuple[int, ...] = ()  # the EOS ids (unless ignore_eos) + stop_token_ids
+    # Logprobs of each sampled token (-1 = none, 0 = the sampled token's only, k = plus the
+    # top-k alternatives) and of each prompt token after the first (-1 = none).
+    logprobs: int = -1
+    prompt_logprobs: int = -1
+
+    @property
+    def uses_processors(self) -> bool:
+        """Whether any logits processor changes this request's logits."""
+        return bool(self.min_p > 0 or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0 or self.logit_bias
+                    or (self.min_tokens > 0 and self.min_tokens_stop_ids))
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Whether the request needs its generated-token counts on the device."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
 
 @dataclass
@@ -37,6 +63,13 @@ class NewRequestData:
     num_computed_tokens: int
     # Tokens to compute this step, starting at num_computed_tokens (a chunk may stop short).
     num_scheduled_tokens: int
+    # How many of token_ids are the prompt (the rest were generated before a preemption):
+    # penalties count generated tokens, min_tokens counts from here. 0 = all of them.
+    num_prompt_tokens: int = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return self.num_prompt_tokens or len(self.token_ids)
 
 
 @dataclass
@@ -102,6 +135,41 @@ class StepPlan:
 
 
 @dataclass
+class Logprobs:
+    """Log-probabilities of M positions, as columns: for position i the logprob and rank
+    (1 = the most likely token) of `token_ids[i]`, and the top `num_top` alternatives, flat
+    (top_token_ids[i * num_top:(i + 1) * num_top], most likely first)."""
+
+    num_top: int = 0
+    token_ids: list[int] = field(default_factory=list)  # [M]
+    logprobs: list[float] = field(default_factory=list)  # [M]
+    ranks: list[int] = field(default_factory=list)  # [M]
+    top_token_ids: list[int] = field(default_factory=list)  # [M * num_top]
+    top_logprobs: list[float] = field(default_factory=list)  # [M * num_top]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def row(self, i: int) -> tuple[int, float, int, list[int], list[float]]:
+        """(token id, logprob, rank, top ids, top logprobs) of position i."""
+        k = self.num_top
+        return (self.token_ids[i], self.logprobs[i], self.ranks[i],
+                self.top_token_ids[i * k:(i + 1) * k], self.top_logprobs[i * k:(i + 1) * k])
+
+
+@dataclass
+class PromptLogprobs:
+    """Prompt logprobs computed by one step: request i of req_ids gets counts[i] consecutive
+    prompt positions starting at first_positions[i] (>= 1: the first prompt token has none),
+    their rows concatenated in `values`."""
+
+    req_ids: list[int] = field(default_factory=list)
+    first_positions: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    values: Logprobs = field(default_factory=Logprobs)
+
+
+@dataclass
 class StepResult:
     """What the executor answers for one plan: a sampled token per request that completed its
     known tokens (a partial prefill chunk samples nothing), in plan order, and timings."""
@@ -113,6 +181,10 @@ class StepResult:
     forward_us: int = 0  # device time of the forward pass
     sample_us: int = 0  # device time of sampling
     graph_size: int = 0  # batch size of the replayed CUDA graph; 0 = eager
+    # Logprobs of the sampled tokens, one row per entry of req_ids; None when no request of
+    # the step asked (rows of requests that did not ask are there but meaningless).
+    logprobs: Logprobs | None = None
+    prompt_logprobs: PromptLogprobs | None = None
     error: str = ""  # non-empty when the step failed: the scheduler fails its requests
 
     def sampled(self) -> dict[int, int]:
@@ -136,3 +208,6 @@ class ExecutorInfo:
     max_num_batched_tokens: int
     device: str
     dtype: str
+    max_logprobs: int = 20  # most top alternatives per position (logprobs, prompt_logprobs)
+    max_logit_bias: int = 300  # most logit_bias entries per request
+    max_min_tokens_stop_ids: int = 64  # most ids min_tokens may mask per request

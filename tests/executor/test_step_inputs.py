@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from executor_svc.input_batch import InputBatch
+from executor_svc.sampling_rows import SamplingRows
 from executor_svc.step_buffers import StepBuffers, TwinGroup
 from executor_svc.step_inputs import Scheduled, StepLimits, prepare_step
 from step_protocol.domain import NewRequestData, SamplerParams
@@ -45,7 +46,7 @@ def reference(batch: InputBatch, rows, counts) -> dict:
 
 
 def random_batch(rng, num_reqs: int) -> InputBatch:
-    batch = InputBatch(SEQS, MAX_BLOCKS, CPU)
+    batch = InputBatch(SEQS, MAX_BLOCKS, CPU, SamplingRows(SEQS, 1000, 4, 4, CPU))
     for req_id in rng.permutation(100)[:num_reqs].tolist():
         num_known = int(rng.integers(3, 50))
         computed = int(rng.integers(0, num_known + 1))
@@ -103,7 +104,8 @@ def test_small_group_members_are_views_of_one_buffer():
     buf.seeds.np[3] = 7
     base = buf.small.cpu.data_ptr()
     assert buf.small.twins == [buf.seq_lens, buf.query_start_loc, buf.logits_indices, buf.sample_rows,
-                               buf.temperature, buf.top_k, buf.top_p, buf.seeds, buf.sample_positions]
+                               buf.temperature, buf.top_k, buf.top_p, buf.seeds, buf.sample_positions,
+                               buf.min_p, buf.presence, buf.frequency, buf.repetition, buf.min_pos]
     for twin in buf.small.twins:
         assert base <= twin.cpu.data_ptr() < base + buf.small.cpu.numel() and twin.gpu is twin.cpu
         assert (twin.cpu.data_ptr() - base) % TwinGroup.ALIGN == 0

@@ -1,0 +1,86 @@
+"""Per-request sampling state beyond temperature/top-k/top-p: the logits processors' scalars
+(host, by row: a step gathers them into its static buffers) and their tables (device, by row:
+the processors gather them on the device). Written once when a request gets its row; a
+request that uses no processor writes only its scalars (tables are read only for rows that
+use them, so stale entries of other rows are harmless).
+
+Host-to-device writes go through pinned staging tensors copied non-blocking (a pageable
+copy would wait for the step in flight and break the one-step-ahead overlap); torch's pinned
+allocator keeps each staging tensor alive until its copy has run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from executor_svc.logits_processors import ProcessorTables
+from step_protocol.domain import NewRequestData
+
+
+class SamplingRows:
+    """Processor scalars (host numpy, [S]) and tables (device, [S + 1, ...]) by persistent row."""
+
+    def __init__(self, max_num_seqs: int, vocab_size: int, max_logit_bias: int,
+                 max_stop_ids: int, device: torch.device):
+        s, v = max_num_seqs, vocab_size
+        self.device = device
+        self.min_p = np.zeros(s, dtype=np.float32)
+        self.presence = np.zeros(s, dtype=np.float32)
+        self.frequency = np.zeros(s, dtype=np.float32)
+        self.repetition = np.ones(s, dtype=np.float32)
+        self.min_pos = np.zeros(s, dtype=np.int64)  # stop ids masked while position < min_pos
+        self.uses_processors = np.zeros(s, dtype=bool)
+        self.uses_penalties = np.zeros(s, dtype=bool)  # needs its generated-token counts
+        self.logprobs = np.full(s, -1, dtype=np.int64)  # -1 none, k >= 0: top-k
+        self.prompt_logprobs = np.full(s, -1, dtype=np.int64)
+        self.prompt_len = np.zeros(s, dtype=np.int64)
+        self.tables = ProcessorTables(
+            counts=torch.zeros(s + 1, v, dtype=torch.int32, device=device),
+            prompt_mask=torch.zeros(s + 1, v, dtype=torch.bool, device=device),
+            bias_ids=torch.zeros(s + 1, max_logit_bias, dtype=torch.int64, device=device),
+            bias_values=torch.zeros(s + 1, max_logit_bias, dtype=torch.float32, device=device),
+            stop_ids=torch.full((s + 1, max_stop_ids), -1, dtype=torch.int64, device=device))
+
+    def add(self, row: int, new: NewRequestData) -> None:
+        """Sets the row of a request that was just given it (plan_checks checked the sizes)."""
+        s = new.sampler_params
+        prompt_len = new.prompt_len
+        self.min_p[row], self.presence[row] = s.min_p, s.presence_penalty
+        self.frequency[row], self.repetition[row] = s.frequency_penalty, s.repetition_penalty
+        self.min_pos[row] = prompt_len + s.min_tokens
+        self.uses_processors[row], self.uses_penalties[row] = s.uses_processors, s.uses_penalties
+        self.logprobs[row], self.prompt_logprobs[row] = s.logprobs, s.prompt_logprobs
+        self.prompt_len[row] = prompt_len
+        if not s.uses_processors:
+            return
+        t = self.tables
+        _set_padded(t.bias_ids[row], [tok for tok, _ in s.logit_bias], 0, torch.int64)
+        _set_padded(t.bias_values[row], [b for _, b in s.logit_bias], 0.0, torch.float32)
+        _set_padded(t.stop_ids[row], list(s.min_tokens_stop_ids), -1, torch.int64)
+        if s.uses_penalties:
+            ids = np.asarray(new.token_ids, dtype=np.int64)
+            t.counts[row].zero_()
+            generated = ids[prompt_len:]  # tokens generated before a preemption
+            if len(generated):
+                t.counts[row].index_add_(0, _to_device(generated, self.device),
+                                         torch.ones(len(generated), dtype=torch.int32, device=self.device))
+            t.prompt_mask[row].zero_()
+            if s.repetition_penalty != 1.0:
+                t.prompt_mask[row].index_fill_(0, _to_device(np.unique(ids[:prompt_len]), self.device), True)
+
+
+def _set_padded(dst: torch.Tensor, values: list, pad, dtype: torch.dtype) -> None:
+    """dst[:] = values followed by `pad` (one small non-blocking copy)."""
+    host = torch.full((dst.shape[0],), pad, dtype=dtype)
+    if values:
+        host[:len(values)] = torch.tensor(values, dtype=dtype)
+    dst.copy_(_stage(host, dst.device), non_blocking=True)
+
+
+def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    return _stage(torch.from_numpy(np.ascontiguousarray(a)), device).to(device, non_blocking=True)
+
+
+def _stage(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return host.pin_memory() if device.type == "cuda" else host

@@ -1,0 +1,196 @@
+"""Logits processors and logprobs through the real runner, against plain-torch references
+applied to transformers' logits on the same weights (fp32), eager and on the graph path."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from executor_svc.model_runner import ModelRunner
+from executor_svc.sampler_graphs import SamplerGraphs
+from kernels.reference import gumbel_sample_reference
+from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
+from tests.executor.conftest import cached_rows, decode_rows, make_runner
+from tests.executor.test_graph_padding import EagerGraphs
+
+ARCH = "tiny-llama"
+PROMPTS = {1: [5, 17, 17, 99, 3, 250, 17, 8], 2: list(range(30, 52)), 3: [400, 2, 2, 2, 9, 77],
+           4: [11, 12, 13, 14, 15, 16, 17]}
+NUM_STEPS = 10
+
+
+class EagerSamplerGraphs(SamplerGraphs):
+    """Captures nothing; a 'replay' runs what the graph records, eagerly, on the same buffers."""
+
+    def _capture(self, pool):
+        pass
+
+    def _replay(self, kind, size):
+        self._runs[kind](size)
+
+
+def graph_runner(path) -> ModelRunner:
+    """A CPU runner whose decode and sampler 'graphs' run eagerly over the static buffers."""
+    base = make_runner(path)
+    graphs = EagerGraphs(base.model, base.buffers, base.kv_caches, base.batch.last_sampled_gpu,
+                         (1, 2, 4, 8), base.limits.max_model_len)
+    sampler = EagerSamplerGraphs(graphs.logits, base.buffers, base.batch.sampling.tables, graphs.sizes,
+                                 base.info().max_logprobs, None)
+    info = dataclasses.replace(base.info(), cuda_graph_sizes=tuple(graphs.sizes))
+    return ModelRunner(base.model, base.kv_caches, base.batch, base.buffers, base.limits, info,
+                       graphs, sampler)
+
+
+def reference_processed(logits: torch.Tensor, s: SamplerParams, prompt: list[int],
+                        generated: list[int]) -> torch.Tensor:
+    """vLLM's processors, one row, written plainly: bias, min_tokens, repetition, frequency and
+    presence, min_p."""
+    x = logits.clone().float()
+    for token, bias in s.logit_bias:
+        x[token] += bias
+    if len(generated) < s.min_tokens:
+        for token in s.min_tokens_stop_ids:
+            x[token] = float("-inf")
+    counts = torch.bincount(torch.tensor(generated, dtype=torch.int64), minlength=x.shape[0]).float()
+    if s.repetition_penalty != 1.0:
+        for token in set(prompt) | set(generated):
+            x[token] = x[token] / s.repetition_penalty if x[token] > 0 else x[token] * s.repetition_penalty
+    x = x - s.frequency_penalty * counts - s.presence_penalty * (counts > 0).float()
+    if s.min_p > 0 and s.temperature > 0:
+        probs = torch.softmax(x / s.temperature, dim=-1)
+        x[probs < s.min_p * probs.max()] = float("-inf")
+    return x
+
+
+def hf_last_logits(hf_model, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(torch.tensor([tokens])).logits[0, -1].float()
+
+
+def reference_tokens(hf_model, prompt: list[int], s: SamplerParams, num: int) -> list[int]:
+    generated: list[int] = []
+    for _ in range(num):
+        x = reference_processed(hf_last_logits(hf_model, prompt + generated), s, prompt, generated)
+        position = torch.tensor([len(prompt) + len(generated)])
+        token = gumbel_sample_reference(x[None], torch.tensor([s.temperature]),
+                                        torch.tensor([s.seed]), position)
+        generated.append(int(token[0]))
+    return generated
+
+
+PARAMS = {
+    1: SamplerParams(repetition_penalty=1.8, presence_penalty=0.7, frequency_penalty=0.4),
+    2: SamplerParams(temperature=0.9, seed=7, min_p=0.2, logit_bias=((40, 3.0), (41, -100.0), (7, 2.5))),
+    3: SamplerParams(min_tokens=6, min_tokens_stop_ids=()),  # set below: the greedy path's own tokens
+    4: SamplerParams(),  # no processor: must sample exactly what the plain path samples
+}
+
+
+def run(runner: ModelRunner, params: dict[int, SamplerParams], steps: int = NUM_STEPS):
+    new = [NewRequestData(r, PROMPTS[r], params[r], [4 * r + i for i in range(1, 5)], 0, len(PROMPTS[r]))
+           for r in params]
+    outs = [runner.execute(StepPlan(1, new))]
+    for step in range(2, steps + 1):
+        outs.append(runner.execute(StepPlan(step, [], decode_rows(list(params)))))
+    got = {r: [] for r in params}
+    for out in outs:
+        for r, t in out.sampled().items():
+            got[r].append(t)
+    return got, outs
+
+
+def _params_with_min_tokens(hf_model) -> dict[int, SamplerParams]:
+    """Request 3 masks the first tokens plain greedy would produce, so min_tokens must change them."""
+    plain = reference_tokens(hf_model, PROMPTS[3], SamplerParams(), 6)
+    return {**PARAMS, 3: SamplerParams(min_tokens=4, min_tokens_stop_ids=tuple(sorted(set(plain[:3]))))}
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_processors_match_reference_on_transformers_logits(model_dirs, hf_models, graphs):
+    hf = hf_models[ARCH]
+    params = _params_with_min_tokens(hf)
+    runner = graph_runner(model_dirs[ARCH]) if graphs else make_runner(model_dirs[ARCH])
+    got, outs = run(runner, params)
+    if graphs:
+        assert all(o.graph_size == 4 for o in outs[1:])
+    for r, s in params.items():
+        assert got[r] == reference_tokens(hf, PROMPTS[r], s, NUM_STEPS), r
+    # each processor changed something (the test can fail): not the plain greedy/sampled tokens
+    for r in (1, 2, 3):
+        plain = dataclasses.replace(SamplerParams(), temperature=params[r].temperature, seed=params[r].seed)
+        assert got[r] != reference_tokens(hf, PROMPTS[r], plain, NUM_STEPS), r
+
+
+def test_penalty_counts_survive_preemption(model_dirs, hf_models):
+    """A preempted request comes back with its generated tokens: counts are rebuilt from them."""
+    s = PARAMS[1]
+    prompt = PROMPTS[1]
+    runner = make_runner(model_dirs[ARCH])
+    blocks = [1, 2, 3, 4]
+    got = runner.execute(StepPlan(1, [NewRequestData(1, prompt, s, blocks, 0, len(prompt))])).token_ids
+    for step in range(2, 5):
+        got += runner.execute(StepPlan(step, [], decode_rows([1]))).token_ids
+    known = prompt + got
+    back = NewRequestData(1, known, s, blocks, 0, len(known), num_prompt_tokens=len(prompt))
+    got += runner.execute(StepPlan(5, [back], preempted_req_ids=[1])).token_ids
+    for step in range(6, NUM_STEPS + 1):
+        got += runner.execute(StepPlan(step, [], decode_rows([1]))).token_ids
+    assert got == reference_tokens(hf_models[ARCH], prompt, s, NUM_STEPS)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_logprobs_equal_log_softmax_of_transformers_logits(model_dirs, hf_models, graphs):
+    hf = hf_models[ARCH]
+    k = 5
+    params = {1: SamplerParams(logprobs=k), 2: SamplerParams(temperature=1.0, seed=3, logprobs=0),
+              4: SamplerParams()}
+    runner = graph_runner(model_dirs[ARCH]) if graphs else make_runner(model_dirs[ARCH])
+    got, outs = run(runner, params, steps=6)
+    for step, out in enumerate(outs):
+        assert out.logprobs is not None and out.logprobs.num_top == k
+        for i, r in enumerate(out.req_ids):
+            if r == 4:
+                continue
+            token, lp, rank, top_ids, top_lps = out.logprobs.row(i)
+            expected = torch.log_softmax(hf_last_logits(hf, PROMPTS[r] + got[r][:step]), dim=-1)
+            assert token == got[r][step]
+            assert lp == pytest.approx(float(expected[token]), abs=1e-4)
+            assert rank == int((expected > expected[token]).sum()) + 1
+            top = expected.topk(k)
+            assert top_ids == top.indices.tolist()
+            assert top_lps == pytest.approx(top.values.tolist(), abs=1e-4)
+
+
+def test_no_logprobs_asked_means_none_returned(model_dirs):
+    _, outs = run(make_runner(model_dirs[ARCH]), {4: SamplerParams()}, steps=3)
+    assert all(o.logprobs is None and o.prompt_logprobs is None for o in outs)
+
+
+def test_prompt_logprobs_across_chunks(model_dirs, hf_models):
+    """Prompt logprobs of a prompt prefilled in two chunks (positions 1..L-1, each once)."""
+    hf = hf_models[ARCH]
+    prompt = PROMPTS[2]  # 22 tokens: chunks of 9 and 13
+    k = 3
+    runner = make_runner(model_dirs[ARCH])
+    s = SamplerParams(prompt_logprobs=k)
+    out1 = runner.execute(StepPlan(1, [NewRequestData(1, prompt, s, [1, 2], 0, 9)]))
+    out2 = runner.execute(StepPlan(2, [], cached_rows((1, 13))))
+    with torch.no_grad():
+        expected = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    positions = []
+    for out in (out1, out2):
+        p = out.prompt_logprobs
+        assert p is not None and p.req_ids == [1] and p.values.num_top == k
+        first, count = p.first_positions[0], p.counts[0]
+        for j in range(count):
+            pos = first + j
+            token, lp, rank, top_ids, top_lps = p.values.row(j)
+            assert token == prompt[pos]
+            assert lp == pytest.approx(float(expected[pos - 1, token]), abs=1e-4)
+            assert rank == int((expected[pos - 1] > expected[pos - 1, token]).sum()) + 1
+            assert top_ids == expected[pos - 1].topk(k).indices.tolist()
+            assert top_lps == pytest.approx(expected[pos - 1].topk(k).values.tolist(), abs=1e-4)
+            positions.append(pos)
+    assert positions == list(range(1, len(prompt)))
