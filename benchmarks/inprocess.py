@@ -46,11 +46,12 @@ def make_scheduler(runner: ModelRunner) -> Scheduler:
     return Scheduler(core, Tokenizer.from_pretrained(info.model_path))
 
 
-def run_workload(runner: ModelRunner, workload, *, temperature: float = 0.0, overlap: bool = True
-                 ) -> tuple[int, float, float]:
-    """Runs every request to completion; returns (output tokens, wall seconds, busy fraction)."""
+def run_workload(runner: ModelRunner, workload, *, temperature: float = 0.0, overlap: bool = True,
+                 **params) -> tuple[int, float, float]:
+    """Runs every request to completion; returns (output tokens, wall seconds, busy fraction).
+    params: more SamplingParams fields of every request (e.g. logprobs=5)."""
     requests = [Request(i + 1, list(prompt), SamplingParams(
-        max_tokens=out_len, temperature=temperature, seed=i, ignore_eos=True))
+        max_tokens=out_len, temperature=temperature, seed=i, ignore_eos=True, **params))
         for i, (prompt, out_len) in enumerate(workload)]
     tokens, wall, busy_us = _run(runner, requests, overlap)
     return sum(len(t) for t in tokens.values()), wall, busy_us / 1e6 / wall

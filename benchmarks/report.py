@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 
@@ -75,6 +76,25 @@ def rows(out_dir: Path) -> list[tuple[str, str, str]]:
                       f"{m['tokens_per_s']:,.0f} tok/s; hit rate {m['prefix_cache_hit_rate']:.1%}"))
     if w7.get("ttft_p50_speedup"):
         r.append(("W7 TTFT p50 off / on", f"{w7['ttft_p50_speedup']:.1f}x", "targets: hit rate >= 85%, >= 4x"))
+    r += _w2ab_rows(_load(out_dir, "w2ab"))
+    return r
+
+
+def _w2ab_rows(w2ab: dict) -> list[tuple[str, str, str]]:
+    """W2 features off: new vs old (all runs of each, alternating); features on: cost vs off."""
+    rows = [x for x in w2ab.get("rows", []) if "off" in x]
+    runs = {label: [v for x in rows if x["tree"] == label for v in x["off"]] for label in ("old", "new")}
+    r = []
+    if runs["old"] and runs["new"]:
+        old, new = statistics.median(runs["old"]), statistics.median(runs["new"])
+        r.append(("W2 in-process, sampling features off: new vs old", f"{new / old - 1:+.1%}",
+                  f"median {new:,.0f} vs {old:,.0f} tok/s over {len(runs['new'])}/{len(runs['old'])} runs (target >= -2%)"))
+    feat = next((x for x in rows if "logprobs5" in x), None)
+    if feat:
+        base = statistics.median(runs["new"])
+        for key, name in (("logprobs5", "logprobs top-5"), ("penalties", "3 penalties")):
+            r.append((f"W2 in-process, {name} on every request", f"{feat[key + '_median'] / base - 1:+.1%}",
+                      f"{feat[key + '_median']:,.0f} tok/s vs {base:,.0f} off"))
     return r
 
 

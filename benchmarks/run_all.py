@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 MODELS = Path("/tmp/llmserve-bench")
-SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7")
+SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab")
+OLD_TREE = Path(".old/base")  # a checkout of the commit to compare with (w2ab), if present
 
 
 def model_path(shape: str) -> Path:
@@ -159,6 +160,23 @@ def section_w7(out: dict, log_dir: Path) -> None:
     from benchmarks import w7_prefix
 
     out.update(w7_prefix.run(model_path("llama-1b"), log_dir / "w7"))
+
+
+def section_w2ab(out: dict) -> None:
+    """W2 in-process, this tree vs OLD_TREE alternating (features off), and this tree with
+    logprobs top-5 and with penalties on every request (benchmarks/w2_features.py)."""
+    model_path("llama-1b")
+    trees = [(OLD_TREE, "old"), (Path("."), "new")] if OLD_TREE.exists() else [(Path("."), "new")]
+    rows = []
+    for round_ in range(2):
+        for tree, label in trees:
+            cmd = [sys.executable, "benchmarks/w2_features.py", str(tree.resolve()), label]
+            if label == "new" and round_ == 1:
+                cmd.append("--features")
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            line = next((x for x in done.stdout.splitlines() if x.startswith("W2AB ")), None)
+            rows.append(json.loads(line[5:]) if line else {"tree": label, "error": done.stderr[-500:]})
+    out["rows"] = rows
 
 
 def run_section(name: str, out_dir: Path) -> None:

@@ -26,7 +26,7 @@ from executor_svc.model_checks import ModelError
 
 log = logging.getLogger(__name__)
 
-CONVERTER_VERSION = 2  # part of the cache key: bump when the conversion changes
+CONVERTER_VERSION = 3  # part of the cache key: bump when the conversion changes
 # GGUF architecture -> (HF model_type, HF architecture class)
 ARCHITECTURES = {
     "llama": ("llama", "LlamaForCausalLM"),
@@ -145,6 +145,12 @@ def hf_config(meta: "_Metadata", arch: str, tensor_names: set[str], dtype: torch
         # written as found: the loader refuses rope scalings the model code does not implement
         config["rope_scaling"] = {"rope_type": scaling,
                                   "factor": meta.get(key("rope.scaling.factor"), 1.0)}
+        original = meta.get(key("rope.scaling.original_context_length"))
+        if original is not None:
+            config["rope_scaling"]["original_max_position_embeddings"] = int(original)
+        elif scaling == "yarn":  # transformers would guess it from the context length: refuse
+            raise GGUFError("rope scaling yarn without rope.scaling.original_context_length in the "
+                            "GGUF metadata: the original context cannot be known")
     if "rope_freqs.weight" in tensor_names:
         raise GGUFError("per-dimension rope frequencies (rope_freqs.weight, Llama 3.1-style rope "
                         "scaling in GGUF) are not supported; serve the Hugging Face folder instead")

@@ -34,16 +34,27 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, residual)
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    """Inverse frequencies [head_dim // 2] float32, as transformers computes them."""
+def rope_type(scaling: dict | None) -> str:
+    """The rope type of a rope_parameters / rope_scaling dict (old configs say "type")."""
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None,
+                  max_position_embeddings: int | None = None) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] float32, as transformers computes them at start-up.
+    max_position_embeddings: the config's (yarn's factor when the dict has none)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
     inv_freq = 1.0 / (theta ** exponents)
-    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if rope_type == "default":
+    kind = rope_type(scaling)
+    if kind in ("default", "dynamic"):  # dynamic: rescaled per position, rope_cos_sin_cache
         return inv_freq
-    if rope_type == "llama3":
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
-    raise NotImplementedError(f"rope type {rope_type!r} is not supported")
+    if kind == "yarn":
+        return _yarn_inv_freq(head_dim, theta, scaling, max_position_embeddings)
+    raise NotImplementedError(f"rope type {kind!r} is not supported")
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
@@ -58,9 +69,80 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def rope_cos_sin_cache(head_dim: int, max_positions: int, theta: float,
-                       scaling: dict | None) -> torch.Tensor:
-    """[max_positions, head_dim] float32: cos in the first half, sin in the second."""
-    inv_freq = rope_inv_freq(head_dim, theta, scaling)
-    freqs = torch.arange(max_positions, dtype=torch.float32, device="cpu")[:, None] * inv_freq[None, :]
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+def _yarn_factor(s: dict, max_position_embeddings: int | None) -> float:
+    factor = s.get("factor")
+    if factor is None:  # transformers: the ratio of the two lengths
+        factor = max_position_embeddings / s["original_max_position_embeddings"]
+    return factor
+
+
+def _yarn_inv_freq(dim: int, theta: float, s: dict, max_position_embeddings: int | None) -> torch.Tensor:
+    """YaRN: interpolated (/ factor) low frequencies, original high ones, a linear ramp between
+    the dims that turn beta_slow and beta_fast times over original_max_position_embeddings."""
+    factor = _yarn_factor(s, max_position_embeddings)
+    old_len = s["original_max_position_embeddings"]
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def dim_of(turns: float) -> float:  # the dim whose wavelength fits `turns` times in old_len
+        return dim * math.log(old_len / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(beta_fast), dim_of(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = theta ** (torch.arange(0, dim, 2, device="cpu").float() / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # 1: original frequency, 0: interpolated
+    return interpolation * (1 - keep) + extrapolation * keep
+
+
+def rope_attention_factor(scaling: dict | None, max_position_embeddings: int | None = None) -> float:
+    """The factor transformers multiplies cos and sin by: yarn's mscale, else 1."""
+    if rope_type(scaling) != "yarn":
+        return 1.0
+    factor = _yarn_factor(scaling, max_position_embeddings)
+    if scaling.get("attention_factor") is not None:
+        return scaling["attention_factor"]
+
+    def mscale(scale: float, m: float = 1) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    return float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
+
+
+def _dynamic_inv_freq(head_dim: int, theta: float, factor: float, max_position_embeddings: int,
+                      positions: torch.Tensor) -> torch.Tensor:
+    """[len(positions), head_dim // 2]: dynamic NTK frequencies of a forward whose last position
+    is p (seq_len p + 1 > max_position_embeddings), in transformers' float32 tensor math, one
+    position at a time (a batched pow rounds differently)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    rows = []
+    for seq_len in (positions + 1).unbind():  # 0-dim int64, as torch.max(position_ids) + 1
+        base = theta * ((factor * seq_len / max_position_embeddings) - (factor - 1)) ** (head_dim / (head_dim - 2))
+        rows.append(1.0 / (base ** exponents))
+    return torch.stack(rows) if rows else torch.empty(0, head_dim // 2, device="cpu")
+
+
+def rope_cos_sin_cache(head_dim: int, max_positions: int, theta: float, scaling: dict | None,
+                       max_position_embeddings: int | None = None) -> torch.Tensor:
+    """[max_positions, head_dim] float32: cos in the first half, sin in the second, both times
+    the attention factor (yarn). max_position_embeddings: the config's (default max_positions).
+
+    Dynamic NTK: transformers rescales inv_freq in each forward whose positions reach past
+    max_position_embeddings, from that forward's last position. Positions before it get the
+    default frequencies; a position p after it gets those of seq_len p + 1, what transformers'
+    decode step computing p uses (exact for a sequence whose prompt fits max_position_embeddings;
+    model_checks serves no longer context, so only tests build such rows)."""
+    max_position_embeddings = max_position_embeddings or max_positions
+    positions = torch.arange(max_positions, dtype=torch.int64, device="cpu")
+    freqs = positions[:, None].float() * rope_inv_freq(head_dim, theta, scaling, max_position_embeddings)[None, :]
+    if rope_type(scaling) == "dynamic" and max_positions > max_position_embeddings:
+        beyond = positions[max_position_embeddings:]
+        inv_freq = _dynamic_inv_freq(head_dim, theta, scaling["factor"], max_position_embeddings, beyond)
+        freqs[max_position_embeddings:] = beyond[:, None].float() * inv_freq
+    attention_factor = rope_attention_factor(scaling, max_position_embeddings)
+    return torch.cat([freqs.cos() * attention_factor, freqs.sin() * attention_factor], dim=-1)

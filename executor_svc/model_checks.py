@@ -1,8 +1,9 @@
 """What the executor refuses to serve, said in one line at start-up.
 
 A `--model` that is not a folder with config.json, and a config whose fields change the
-outputs in ways models/llama.py does not implement (a sliding window, rope scalings other
-than default and llama3, biases we do not have, another activation, ...). Served anyway,
+outputs in ways models/llama.py does not implement (rope types other than default, linear,
+dynamic, yarn and llama3, per-layer-type rope, partial rotary, biases we do not have, another
+activation, ...). Served anyway,
 such a model would not fail: it would answer with plausible wrong text. Each refusal names
 the field and its value. Nothing here touches the network.
 """
@@ -10,14 +11,11 @@ the field and its value. Nothing here touches the network.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 # config.model_type of the families we serve (LlamaForCausalLM, MistralForCausalLM, ...)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-IMPLEMENTED_ROPE_TYPES = ("default", "llama3")  # layers.rope_inv_freq
+IMPLEMENTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")  # layers.rope_inv_freq
 SILU = ("silu", "swish")  # the one activation of layers.silu_and_mul (transformers: same function)
 _WINDOWED_TYPES = ("mistral", "qwen2", "qwen3")  # where transformers applies sliding_window
 _LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -98,47 +96,61 @@ def _check_rope(cfg) -> None:
     _refuse_if(factor not in (None, 1, 1.0), f"partial_rotary_factor={factor}: partial rotary embeddings are not implemented")
 
 
-def sliding_window(cfg) -> int | None:
-    """The attention window transformers applies to this model; None = full attention in
-    every layer. Mistral slides in every layer when sliding_window is set; Qwen2/Qwen3 in the
-    layers layer_types marks (older transformers: from max_window_layers on, if
-    use_sliding_window)."""
+def layer_windows(cfg) -> tuple[int, ...]:
+    """The attention window transformers applies in each layer, 0 = full attention. Mistral
+    slides in every layer when sliding_window is set; Qwen2/Qwen3 in the layers layer_types
+    marks "sliding_attention" (older transformers: from max_window_layers on, if
+    use_sliding_window), and only when the config keeps a sliding_window."""
     window = getattr(cfg, "sliding_window", None)
+    num_layers = cfg.num_hidden_layers
     if window is None or cfg.model_type not in _WINDOWED_TYPES:
-        return None
+        return (0,) * num_layers
     if cfg.model_type == "mistral":
-        return int(window)
+        return (int(window),) * num_layers
     layer_types = getattr(cfg, "layer_types", None)
     if layer_types is None:
-        slides = bool(getattr(cfg, "use_sliding_window", False)) and (
-            getattr(cfg, "max_window_layers", 0) < cfg.num_hidden_layers)
-    else:
-        slides = "sliding_attention" in layer_types
-    return int(window) if slides else None
+        use = bool(getattr(cfg, "use_sliding_window", False))
+        first = getattr(cfg, "max_window_layers", 0)
+        return tuple(int(window) if use and i >= first else 0 for i in range(num_layers))
+    return tuple(int(window) if kind == "sliding_attention" else 0 for kind in layer_types)
+
+
+def sliding_window(cfg) -> int | None:
+    """The window of the sliding layers (one per config); None = full attention in every layer."""
+    windows = [w for w in layer_windows(cfg) if w]
+    return windows[0] if windows else None
+
+
+def rope_max_positions(cfg) -> int:
+    """Positions the rotary table covers: max_position_embeddings, or for yarn the length it
+    was scaled to (original_max_position_embeddings * factor, e.g. Qwen2.5's 4 x 32768)."""
+    rope = rope_parameters(cfg)
+    max_positions = cfg.max_position_embeddings
+    if rope.get("rope_type", rope.get("type")) == "yarn" and rope.get("factor"):
+        old_len = rope.get("original_max_position_embeddings", max_positions)
+        return max(max_positions, int(old_len * rope["factor"]))
+    return max_positions
 
 
 def served_max_model_len(cfg, requested: int) -> int:
     """Most tokens per request: `requested` (--max-model-len; 0 = max_position_embeddings).
 
-    Sliding-window attention is not implemented, so a model with a window shorter than that
-    is served with full attention only as far as the window reaches: with no --max-model-len
-    it is capped to the window (WARNING); a longer --max-model-len is refused. So is one past
-    max_position_embeddings (the rotary tables end there)."""
+    A longer one than the rotary table (rope_max_positions) is refused. Dynamic NTK rope is
+    exact up to max_position_embeddings only: past it transformers rescales the frequencies of
+    a whole forward from its last position, which one table per position cannot give a
+    prompt that is longer (docs/models.md)."""
     max_positions = cfg.max_position_embeddings
-    window = sliding_window(cfg)
-    if requested:
+    if not requested:
+        return max_positions
+    rope = rope_parameters(cfg)
+    if rope.get("rope_type", rope.get("type")) == "dynamic":
         _refuse_if(requested > max_positions,
-                   f"--max-model-len {requested} > max_position_embeddings={max_positions} of the model")
-        _refuse_if(window is not None and requested > window,
-                   f"sliding_window={window}: sliding-window attention is not implemented, so "
-                   f"--max-model-len {requested} cannot be served (use {window} or less)")
-        return requested
-    if window is not None and window < max_positions:
-        log.warning("sliding_window=%d < max_position_embeddings=%d and sliding-window attention is "
-                    "not implemented: serving max_model_len=%d (full attention is exact that far)",
-                    window, max_positions, window)
-        return window
-    return max_positions
+                   f"rope_type='dynamic': --max-model-len {requested} > max_position_embeddings="
+                   f"{max_positions} is not implemented (exact only that far)")
+    limit = rope_max_positions(cfg)
+    _refuse_if(requested > limit, f"--max-model-len {requested} > max_position_embeddings={max_positions} "
+               f"of the model" + (f" (rope scaled to {limit})" if limit != max_positions else ""))
+    return requested
 
 
 def _refuse_if(condition: bool, message: str) -> None:

@@ -114,7 +114,7 @@ def build_random_model(
         max_position_embeddings=max_position_embeddings, bos_token_id=bos_id, eos_token_id=eos_id,
         torch_dtype=str(dtype).removeprefix("torch."), **params,
     )
-    if arch == "qwen2":
+    if arch == "qwen2" and "use_sliding_window" not in params:
         config.use_sliding_window = False
     config.save_pretrained(folder)
     transformers.GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id).save_pretrained(folder)

@@ -47,16 +47,18 @@ def paged_attention(
     scale: float,
     max_query_len: int,  # host upper bound of the per-request query lengths
     max_seq_len: int,  # host upper bound of seq_lens (unused by the kernels; kept by contract)
+    sliding_window: int | None = None,  # host int per layer: keys q - W < k <= q; None / 0 = full
 ) -> torch.Tensor:
     """Varlen causal attention over the paged cache: prefill, chunked prefill, decode, mixed."""
     if q.is_cuda:
         from kernels.attention_prefill import paged_attention_triton
 
         return paged_attention_triton(
-            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
+            sliding_window=sliding_window,
         )
     return reference.paged_attention_reference(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window
     )
 
 
@@ -67,13 +69,16 @@ def paged_decode_attention(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
     seq_lens: torch.Tensor,  # [num_seqs] int32 (0 = padded row, output zeros)
     scale: float,
+    sliding_window: int | None = None,  # host int per layer: keys q - W < k <= q; None / 0 = full
 ) -> torch.Tensor:
     """Decode attention, one query token per row; CUDA-graph capturable on the Triton path."""
     if q.is_cuda:
         from kernels.attention_decode import paged_decode_attention_triton
 
-        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    return reference.paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                                             sliding_window=sliding_window)
+    return reference.paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                                                      sliding_window)
 
 
 def rms_norm(

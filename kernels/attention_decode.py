@@ -3,7 +3,8 @@
 Grid (num_seqs, num_kv_heads, num_splits). A program takes ALL query heads of one KV head group
 (GQA: each K/V tile is read once per group, the group padded to 16 rows for tl.dot) and one
 slice of the context: the seq_len tokens, loaded in-kernel, are cut into num_splits runs of
-whole BLOCK_N tiles, so only the valid part of the cache is read. With one split the program
+whole BLOCK_N tiles, so only the valid part of the cache is read. With a sliding window W the
+context is the last W positions only; blocks before them are never read. With one split the program
 normalises and writes the output; otherwise it writes (acc, max, sum) partials that
 _decode_reduce_kernel merges. num_splits and the scratch sizes depend only on shapes, so a call
 is CUDA-graph capturable (no host sync, no data-dependent allocation).
@@ -18,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_paged_kv, check_power_of_two
+from kernels.attention_prefill import check_window
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
@@ -33,8 +35,9 @@ def _paged_decode_kernel(
     stride_bt,
     stride_os, stride_oh,
     num_splits,
+    window,  # sliding window (used when SLIDING): keys seq_len - window <= k < seq_len
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, SLIDING: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -49,9 +52,13 @@ def _paged_decode_kernel(
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None], other=0.0)  # [GROUP_PAD, HEAD_DIM]
 
-    # This split's run of whole tiles: [start, end) of the context.
-    tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits)
-    start = split * tiles_per_split * BLOCK_N
+    # The query (position seq_len - 1) sees [lo, seq_len); this split's run of whole tiles of it
+    # is [start, end).
+    lo = 0
+    if SLIDING:
+        lo = tl.maximum(seq_len - window, 0)
+    tiles_per_split = tl.cdiv(tl.cdiv(seq_len - lo, BLOCK_N), num_splits)
+    start = lo + split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, seq_len)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
@@ -145,8 +152,10 @@ def paged_decode_attention_triton(
     num_splits: int | None = None,  # override (tests); default from shapes
     out: torch.Tensor | None = None,  # [num_seqs, num_heads, head_dim]; allocated if None
     block_n: int | None = None,  # override (tuning): context tokens per tile
+    sliding_window: int | None = None,  # host int; None / 0 = full attention
 ) -> torch.Tensor:
     num_heads, num_kv_heads, head_dim, block_size = check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
+    window = check_window(sliding_window)
     num_seqs = q.shape[0]
     if seq_lens.shape[0] != num_seqs:
         raise ValueError(f"decode: q has {num_seqs} rows but seq_lens has {seq_lens.shape[0]}")
@@ -158,6 +167,8 @@ def paged_decode_attention_triton(
         return out
     group = num_heads // num_kv_heads
     max_context = block_tables.shape[1] * block_size
+    if window:
+        max_context = min(max_context, window)  # the most keys a query reads
     auto_block_n, auto_splits = decode_launch_config(num_seqs, num_kv_heads, max_context, _num_sms(q.device))
     if num_splits is None and block_n is None:
         block_n, num_splits = auto_block_n, auto_splits
@@ -180,9 +191,9 @@ def paged_decode_attention_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
-        num_splits,
+        num_splits, window,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT=num_splits == 1,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT=num_splits == 1, SLIDING=window > 0,
         num_warps=4 if head_dim <= 64 else 8, num_stages=3,
     )
     if num_splits > 1:

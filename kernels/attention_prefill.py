@@ -2,13 +2,15 @@
 
 Request i's q_len = query_start_loc[i+1] - query_start_loc[i] new tokens are the last q_len of
 its seq_len tokens, all already in the paged cache; new token j sits at position
-seq_len - q_len + j and attends causally to positions 0..that one.
+seq_len - q_len + j and attends causally to positions 0..that one, or with a sliding window W
+to the keys k with q - W < k <= q (transformers' sliding_window_overlay).
 
 Grid (num_seqs, cdiv(max_query_len, BLOCK_Q), num_kv_heads), max_query_len a host int. A
 program takes BLOCK_Q query tokens times all GROUP query heads of one KV head, packed as the
 BLOCK_M = BLOCK_Q * GROUP_PAD rows of one tl.dot tile (row r = token r // GROUP_PAD, head
 r % GROUP_PAD), so each K/V tile is read once per group and a decode row still fills a tile.
-It walks the context in BLOCK_N tiles up to the last position its tokens can see.
+It walks the context in BLOCK_N tiles from the first position its first token can see (0, or
+that token's window start: earlier blocks are never read) to the last its last token can see.
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ from kernels._checks import check_paged_kv, check_tensor
 LOG2E = 1.4426950408889634
 
 
+def check_window(sliding_window: int | None) -> int:
+    """The window as the kernels take it: a host int, 0 = full attention."""
+    if sliding_window is None:
+        return 0
+    if not isinstance(sliding_window, int) or sliding_window < 0:
+        raise ValueError(f"sliding_window must be None or a host int >= 0, got {sliding_window!r}")
+    return sliding_window
+
+
 @triton.jit
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
@@ -30,8 +41,9 @@ def _paged_prefill_kernel(
     stride_kb, stride_ks, stride_kh,
     stride_bt,
     stride_ot, stride_oh,
+    window,  # sliding window (used when SLIDING): row q sees keys q - window < k <= q
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
 ):
     seq = tl.program_id(0)
     q_block = tl.program_id(1)
@@ -59,13 +71,17 @@ def _paged_prefill_kernel(
     # The last token of this block sees positions < kv_end.
     last_tok = tl.minimum((q_block + 1) * BLOCK_Q, q_len) - 1
     kv_end = tl.minimum(seq_len - q_len + last_tok + 1, seq_len)
+    # The first token of this block sees positions >= kv_start; nothing before is loaded.
+    kv_start = 0
+    if SLIDING:
+        kv_start = tl.maximum(seq_len - q_len + q_block * BLOCK_Q - window + 1, 0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
     kv_head_off = kv_head * stride_kh
-    for n0 in range(0, kv_end, BLOCK_N):
+    for n0 in range(kv_start, kv_end, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < kv_end
         block_ids = tl.load(bt_row + pos // BLOCK_SIZE, mask=n_mask, other=0)
@@ -76,11 +92,14 @@ def _paged_prefill_kernel(
 
         s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N]
         visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        if SLIDING:
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
-        # Position 0 (first tile) is visible to every row, so m_i is finite from then on.
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        # A row may see nothing yet (window): keep its max at -inf without exp2(-inf + inf) = NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -100,8 +119,10 @@ def paged_attention_triton(
     scale: float,
     max_query_len: int,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; allocated (zeros) if None
+    sliding_window: int | None = None,  # host int; None / 0 = full attention
 ) -> torch.Tensor:
     num_heads, num_kv_heads, head_dim, block_size = check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
+    window = check_window(sliding_window)
     check_tensor("query_start_loc", query_start_loc, 1, (torch.int32,))
     num_seqs = seq_lens.shape[0]
     if query_start_loc.shape[0] != num_seqs + 1:
@@ -128,8 +149,9 @@ def paged_attention_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
+        window,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=64,
+        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=64, SLIDING=window > 0,
         num_warps=4 if head_dim <= 64 else 8, num_stages=2,  # no register spills on sm_90
     )
     return out

@@ -31,12 +31,21 @@ def gather_kv_reference(
     cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     block_table: torch.Tensor,  # [max_blocks] int
     seq_len: int,
+    start: int = 0,
 ) -> torch.Tensor:
-    """The first seq_len cached vectors of one request: [seq_len, num_kv_heads, head_dim]."""
+    """Cached vectors of positions start..seq_len-1 of one request: [seq_len - start, num_kv_heads,
+    head_dim]. Blocks before the one holding `start` are not read."""
     block_size = cache.shape[1]
+    first = start // block_size
     num_blocks = (seq_len + block_size - 1) // block_size
-    blocks = cache[block_table[:num_blocks].long()]  # [n, block_size, kv_heads, dim]
-    return blocks.reshape(-1, *cache.shape[2:])[:seq_len]
+    blocks = cache[block_table[first:num_blocks].long()]  # [n, block_size, kv_heads, dim]
+    return blocks.reshape(-1, *cache.shape[2:])[start - first * block_size:seq_len - first * block_size]
+
+
+def window_start(first_pos: int, sliding_window: int | None) -> int:
+    """First key position a query at first_pos (or later) can see: 0, or with a window W the
+    keys k with q - W < k <= q, as transformers' sliding_window_overlay masks them."""
+    return max(first_pos - sliding_window + 1, 0) if sliding_window else 0
 
 
 def paged_attention_reference(
@@ -47,13 +56,15 @@ def paged_attention_reference(
     seq_lens: torch.Tensor,  # [num_seqs] int: context length after this step's tokens
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int: offsets of each request's tokens in q
     scale: float,
+    sliding_window: int | None = None,  # None / 0: full causal attention
 ) -> torch.Tensor:
     """Causal attention of new tokens over the paged cache (which already holds them).
 
     Request i's q_len new tokens are the last q_len positions of its seq_lens[i] tokens:
-    new token j sits at position seq_len - q_len + j and attends to positions 0..that one.
-    Decode (q_len = 1), prefill and chunked prefill are all this one function. Grouped-query
-    attention: query head h reads KV head h // (num_heads // num_kv_heads).
+    new token j sits at position q = seq_len - q_len + j and attends to positions 0..q, or with
+    a sliding window W to q - W < k <= q (keys before the first token's window are never
+    read). Decode (q_len = 1), prefill and chunked prefill are all this one function.
+    Grouped-query attention: query head h reads KV head h // (num_heads // num_kv_heads).
     Returns [num_tokens, num_heads, head_dim] in q's dtype; math in float32.
     """
     num_heads = q.shape[1]
@@ -66,15 +77,19 @@ def paged_attention_reference(
         q_len = end - start
         if q_len == 0 or seq_len == 0:
             continue
-        k = gather_kv_reference(k_cache, block_tables[i], seq_len).float()
-        v = gather_kv_reference(v_cache, block_tables[i], seq_len).float()
-        k = k.repeat_interleave(group, dim=1)  # [seq_len, num_heads, dim]
+        lo = window_start(seq_len - q_len, sliding_window)
+        k = gather_kv_reference(k_cache, block_tables[i], seq_len, lo).float()
+        v = gather_kv_reference(v_cache, block_tables[i], seq_len, lo).float()
+        k = k.repeat_interleave(group, dim=1)  # [seq_len - lo, num_heads, dim]
         v = v.repeat_interleave(group, dim=1)
         qi = q[start:end].float()  # [q_len, num_heads, dim]
         scores = torch.einsum("qhd,khd->hqk", qi, k) * scale
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-        k_pos = torch.arange(seq_len, device=q.device)[None, :]
-        scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+        k_pos = torch.arange(lo, seq_len, device=q.device)[None, :]
+        hidden = k_pos > q_pos
+        if sliding_window:
+            hidden |= k_pos <= q_pos - sliding_window
+        scores = scores.masked_fill(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out
@@ -87,10 +102,12 @@ def paged_decode_attention_reference(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks]
     seq_lens: torch.Tensor,  # [num_seqs]; 0 = padded row, output zeros
     scale: float,
+    sliding_window: int | None = None,  # None / 0: full attention
 ) -> torch.Tensor:
     """Decode attention: paged_attention_reference with one query token per request."""
     query_start_loc = torch.arange(q.shape[0] + 1, device=q.device)
-    return paged_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    return paged_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                     sliding_window)
 
 
 def rms_norm_reference(

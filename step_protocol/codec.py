@@ -124,6 +124,6 @@ def _sampler_from_pb(m: pb.SamplerParams) -> SamplerParams:
     return SamplerParams(
         temperature=m.temperature, top_k=m.top_k, top_p=m.top_p, seed=m.seed, min_p=m.min_p,
         presence_penalty=m.presence_penalty, frequency_penalty=m.frequency_penalty,
-        repetition_penalty=m.repetition_penalty, logit_bias=tuple(zip(ids, values)),
+        repetition_penalty=m.repetition_penalty or 1.0, logit_bias=tuple(zip(ids, values)),
         min_tokens=m.min_tokens, min_tokens_stop_ids=tuple(m.min_tokens_stop_ids),
         logprobs=m.logprobs, prompt_logprobs=m.prompt_logprobs)

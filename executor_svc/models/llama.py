@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norm) over a paged KV cache.
+"""Llama-family decoder (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norm) over a paged KV cache,
+with per-layer sliding-window attention (Mistral, Qwen2/Qwen3 layer_types) and rope scaling.
 
 Called as model(input_ids [T], positions [T], attn, kv_caches) -> hidden [T, H]; then
 model.compute_logits(hidden [N, H]) -> [N, V] float32. All inputs are explicit arguments.
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from executor_svc import layers
+from executor_svc import layers, model_checks
 from executor_svc.attention import AttentionMetadata
 from executor_svc.layers import RMSNorm
 
@@ -31,11 +32,13 @@ class ModelArgs:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict | None  # None = default rope; else e.g. {"rope_type": "llama3", ...}
+    rope_scaling: dict | None  # None = default rope; else e.g. {"rope_type": "yarn", "factor": 4.0, ...}
     max_position_embeddings: int
     qkv_bias: bool  # Qwen2
     qk_norm: bool  # Qwen3: RMSNorm of each q/k head before rope
     tie_word_embeddings: bool
+    layer_windows: tuple[int, ...] = ()  # sliding window of each layer; 0 (or missing) = full
+    rope_max_positions: int = 0  # rows of the rotary table; 0 = max_position_embeddings
 
     @classmethod
     def from_hf_config(cls, cfg) -> "ModelArgs":
@@ -57,12 +60,15 @@ class ModelArgs:
             rope_scaling=rope or None, max_position_embeddings=cfg.max_position_embeddings,
             qkv_bias=qkv_bias, qk_norm=model_type == "qwen3",
             tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            layer_windows=model_checks.layer_windows(cfg),
+            rope_max_positions=model_checks.rope_max_positions(cfg),
         )
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, sliding_window: int = 0):
         super().__init__()
+        self.sliding_window = sliding_window or None  # keys q - W < k <= q; None = full
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
@@ -87,11 +93,11 @@ class Attention(nn.Module):
         )
         if attn.is_decode:
             o = layers.paged_decode_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
-                                              self.scale)
+                                              self.scale, self.sliding_window)
         else:
             o = layers.paged_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
                                        attn.query_start_loc, self.scale, attn.max_query_len,
-                                       attn.max_seq_len)
+                                       attn.max_seq_len, self.sliding_window)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -106,10 +112,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, sliding_window: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args)
+        self.self_attn = Attention(args, sliding_window)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
@@ -131,13 +137,14 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.args = args
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        windows = args.layer_windows or (0,) * args.num_layers
+        self.layers = nn.ModuleList(DecoderLayer(args, windows[i]) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        cache = layers.rope_cos_sin_cache(args.head_dim, args.max_position_embeddings,
-                                          args.rope_theta, args.rope_scaling)
+        cache = layers.rope_cos_sin_cache(args.head_dim, args.rope_max_positions or args.max_position_embeddings,
+                                          args.rope_theta, args.rope_scaling, args.max_position_embeddings)
         # [max_pos, D] float32; a plain attribute, so that model.to(dtype) leaves it in float32
         self.cos_sin_cache = cache
 

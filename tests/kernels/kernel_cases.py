@@ -27,10 +27,11 @@ class PagedCase:
 def make_case(
     q_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
     block_size: int, dtype: torch.dtype, device: str | torch.device, seed: int = 0,
-    extra_blocks: int = 3, extra_columns: int = 2,
+    extra_blocks: int = 3, extra_columns: int = 2, sliding_window: int = 0,
 ) -> PagedCase:
     """Caches hold random K/V in each request's slots and NaN everywhere else (block 0 included),
-    so reading anything outside a request's valid context shows up as NaN."""
+    so reading anything outside a request's valid context shows up as NaN. With a sliding
+    window, the blocks wholly before the window of a request's first new token are NaN too."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [(s + block_size - 1) // block_size for s in seq_lens]
     num_blocks = 1 + sum(blocks_per_seq) + extra_blocks
@@ -47,6 +48,10 @@ def make_case(
         slots = slots_of(block_tables[i], s, block_size)
         k_flat[slots] = torch.randn(s, num_kv_heads, head_dim, generator=gen).to(dtype)
         v_flat[slots] = torch.randn(s, num_kv_heads, head_dim, generator=gen).to(dtype)
+        if sliding_window:
+            first_visible = max(s - q_lens[i] - sliding_window + 1, 0)
+            for block in block_tables[i, :first_visible // block_size].tolist():
+                k_cache[block] = v_cache[block] = float("nan")
     qsl = [0]
     for n in q_lens:
         qsl.append(qsl[-1] + n)
@@ -66,8 +71,9 @@ def slots_of(block_table: torch.Tensor, seq_len: int, block_size: int) -> torch.
                         dtype=torch.long)
 
 
-def dense_attention(case: PagedCase) -> torch.Tensor:
-    """Expected output in float32: SDPA over each request's gathered K/V with an explicit mask."""
+def dense_attention(case: PagedCase, sliding_window: int = 0) -> torch.Tensor:
+    """Expected output in float32: SDPA over each request's gathered K/V with an explicit mask;
+    with a window, query q sees keys q - window < k <= q (and only those are gathered)."""
     num_heads = case.q.shape[1]
     _, block_size, num_kv_heads, head_dim = case.k_cache.shape
     group = num_heads // num_kv_heads
@@ -80,12 +86,17 @@ def dense_attention(case: PagedCase) -> torch.Tensor:
         start, end = qsl[i], qsl[i + 1]
         if end == start or seq_len == 0:
             continue
-        slots = slots_of(case.block_tables[i].cpu(), seq_len, block_size)
+        q_pos = torch.arange(seq_len - (end - start), seq_len)
+        k_pos = torch.arange(seq_len)
+        if sliding_window:
+            k_pos = k_pos[k_pos > q_pos[0] - sliding_window]
+        slots = slots_of(case.block_tables[i].cpu(), seq_len, block_size)[k_pos]
         k = k_flat[slots].transpose(0, 1).repeat_interleave(group, dim=0)  # [H, L, D]
         v = v_flat[slots].transpose(0, 1).repeat_interleave(group, dim=0)
         qi = q[start:end].transpose(0, 1)  # [H, q_len, D]
-        q_pos = torch.arange(seq_len - (end - start), seq_len)
-        mask = torch.arange(seq_len)[None, :] <= q_pos[:, None]  # [q_len, L], True = attend
+        mask = k_pos[None, :] <= q_pos[:, None]  # [q_len, L], True = attend
+        if sliding_window:
+            mask &= k_pos[None, :] > q_pos[:, None] - sliding_window
         o = torch.nn.functional.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=case.scale)
         out[start:end] = o.transpose(0, 1)
     return out

@@ -38,6 +38,42 @@ def test_paged_attention_reference_matches_dense(num_heads, num_kv_heads, block_
     assert rel_err(out, dense_attention(case)) < 1e-5
 
 
+@pytest.mark.parametrize("window", [1, 5, 16, 40])
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_windowed_reference_matches_dense_and_skips_blocks_before_the_window(window, block_size):
+    """Query q sees keys q - window < k <= q; blocks wholly before the first new token's window
+    hold NaN in the case, so any read of them shows."""
+    rng = random.Random(window * 100 + block_size)
+    q_lens, seq_lens = [], []
+    for kind in ["prefill", "chunk", "decode", "decode", "chunk", "empty", "prefill"]:
+        seq_len = rng.randint(1, 120)
+        q_lens.append({"prefill": seq_len, "chunk": rng.randint(1, seq_len), "decode": 1, "empty": 0}[kind])
+        seq_lens.append(seq_len)
+    case = make_case(q_lens, seq_lens, 8, 2, 32, block_size, torch.float32, "cpu", window, sliding_window=window)
+    assert torch.isnan(case.k_cache[1:]).any(), "no block fell out of the window"
+    out = ref.paged_attention_reference(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
+                                        case.query_start_loc, case.scale, window)
+    assert not torch.isnan(out).any()
+    expected = dense_attention(case, window)
+    assert rel_err(out, expected) < 1e-5
+    decode = make_case([1] * 4, [70, 3, 0, 41], 4, 4, 16, block_size, torch.float32, "cpu", 7, sliding_window=window)
+    out = kernels.paged_decode_attention(decode.q, decode.k_cache, decode.v_cache, decode.block_tables,
+                                         decode.seq_lens, decode.scale, window)
+    assert rel_err(out, dense_attention(decode, window)) < 1e-5 and torch.all(out[2] == 0)
+
+
+def test_window_changes_the_output_and_none_or_zero_is_full():
+    case = make_case([30, 1], [30, 50], 4, 2, 16, 8, torch.float32, "cpu", seed=9)
+    full = _run_reference(case)
+    for no_window in (None, 0, 50):  # 50: a window as long as the context
+        args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, case.query_start_loc)
+        assert torch.equal(ref.paged_attention_reference(*args, case.scale, no_window), full)
+    windowed = ref.paged_attention_reference(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                             case.seq_lens, case.query_start_loc, case.scale, 8)
+    assert torch.equal(windowed[:8], full[:8])  # the first 8 positions see everything anyway
+    assert rel_err(windowed[8:], full[8:]) > 1e-2
+
+
 def test_paged_attention_reference_bf16():
     case = make_case([7, 1, 30], [20, 55, 30], 8, 2, 64, 16, torch.bfloat16, "cpu", seed=3)
     out = _run_reference(case)

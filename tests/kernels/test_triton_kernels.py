@@ -90,6 +90,54 @@ def test_paged_attention_varlen(dtype_index, head_dim, num_heads, num_kv_heads):
     assert rel_err(out, dense_attention(case)) < tolerance(dtype)
 
 
+WINDOW_CONFIGS = [(0, 64, 32, 8, 16), (1, 128, 12, 2, 8), (0, 128, 8, 8, 32)]  # ..., block_size
+
+
+@pytest.mark.parametrize("dtype_index,head_dim,num_heads,num_kv_heads,block_size", WINDOW_CONFIGS)
+@pytest.mark.parametrize("window", [1, 37, 256])
+def test_decode_attention_sliding_window(dtype_index, head_dim, num_heads, num_kv_heads, block_size, window):
+    """Blocks wholly before the window are NaN in the case: a read of one shows in the output."""
+    dtype = DTYPES[dtype_index]
+    rng = random.Random(window + head_dim)
+    batch = 9 if ON_CUDA else 3
+    seq_lens = _decode_lens(rng, batch, 3000 if ON_CUDA else 150)
+    case = make_case([1] * batch, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, DEVICE,
+                     seed=window, sliding_window=window)
+    expected = dense_attention(case, window)
+    for num_splits in (None, 1, 5):
+        out = torch.full_like(case.q, POISON)
+        from kernels.attention_decode import paged_decode_attention_triton
+
+        paged_decode_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
+                                      case.scale, num_splits=num_splits, out=out, sliding_window=window)
+        assert not torch.isnan(out).any(), f"NaN: a block before the window was read (num_splits={num_splits})"
+        assert rel_err(out, expected) < tolerance(dtype), f"num_splits={num_splits}"
+
+
+@pytest.mark.parametrize("dtype_index,head_dim,num_heads,num_kv_heads,block_size", WINDOW_CONFIGS)
+@pytest.mark.parametrize("window", [1, 37, 256])
+def test_paged_attention_varlen_sliding_window(dtype_index, head_dim, num_heads, num_kv_heads, block_size, window):
+    from kernels.attention_prefill import paged_attention_triton
+
+    dtype = DTYPES[dtype_index]
+    rng = random.Random(window * 7 + head_dim)
+    max_ctx = 2000 if ON_CUDA else 140
+    q_lens, seq_lens = [], []
+    for kind in ["prefill", "chunk", "decode", "padded", "chunk", "prefill", "decode"]:
+        seq_len = rng.randint(1, max_ctx)
+        q_len = {"prefill": min(seq_len, 700), "chunk": rng.randint(1, min(seq_len, 300)), "decode": 1,
+                 "padded": 1}[kind]
+        q_lens.append(q_len)
+        seq_lens.append(0 if kind == "padded" else max(seq_len, q_len))
+    case = make_case(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, DEVICE,
+                     seed=window, sliding_window=window)
+    out = torch.full_like(case.q, POISON)
+    paged_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
+                           case.query_start_loc, case.scale, case.max_query_len, out=out, sliding_window=window)
+    assert not torch.isnan(out).any(), "NaN: a block before the window was read"
+    assert rel_err(out, dense_attention(case, window)) < tolerance(dtype)
+
+
 def test_paged_attention_dispatch_pure_prefill_and_decode():
     import kernels
 
@@ -106,7 +154,8 @@ def test_paged_attention_dispatch_pure_prefill_and_decode():
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="CUDA graphs need CUDA")
-def test_decode_attention_cuda_graph_replay():
+@pytest.mark.parametrize("window", [None, 100])
+def test_decode_attention_cuda_graph_replay(window):
     import kernels
 
     batch, num_heads, num_kv_heads, head_dim = 8, 32, 8, 64
@@ -115,13 +164,14 @@ def test_decode_attention_cuda_graph_replay():
     q, k_cache, v_cache = first.q.clone(), first.k_cache.clone(), first.v_cache.clone()
     block_tables, seq_lens = torch.zeros_like(first.block_tables), first.seq_lens.clone()
     block_tables.copy_(first.block_tables)
-    kernels.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, first.scale)  # compile
+    kernels.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, first.scale, window)  # compile
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = kernels.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, first.scale)
+        out = kernels.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, first.scale, window)
     for seed, lens in [(2, [5, 0, 290, 17, 1, 64, 0, 333]), (3, [1, 2, 3, 4, 300, 200, 100, 16])]:
-        case = make_case([1] * batch, lens, num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, DEVICE, seed=seed)
+        case = make_case([1] * batch, lens, num_heads, num_kv_heads, head_dim, 16, torch.bfloat16, DEVICE, seed=seed,
+                         sliding_window=window or 0)
         assert case.k_cache.shape[0] <= k_cache.shape[0] and case.block_tables.shape[1] <= block_tables.shape[1]
         k_cache.fill_(float("nan")), v_cache.fill_(float("nan")), block_tables.zero_()
         k_cache[: case.k_cache.shape[0]].copy_(case.k_cache)
@@ -131,7 +181,7 @@ def test_decode_attention_cuda_graph_replay():
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert rel_err(out, dense_attention(case)) < 1e-2
+        assert rel_err(out, dense_attention(case, window or 0)) < 1e-2
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
