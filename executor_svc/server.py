@@ -27,12 +27,12 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     SystemExit with one line saying why, before anything is served."""
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-    from grpc_reflection.v1alpha import reflection
 
     from executor_svc.model_checks import ModelError
     from executor_svc.servicer import ExecutorServicer
     from executor_svc.startup import build_runner
     from protos.llmserve.executor.v1 import executor_pb2, executor_pb2_grpc
+    from protos.reflection import enable_reflection
 
     interceptors = _auth_interceptors(config)
     loop = asyncio.get_running_loop()
@@ -62,7 +62,7 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     service = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
     if config.enable_reflection:  # off by default: it would map the internal API for anyone
-        reflection.enable_server_reflection((service, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        enable_reflection((service, health.SERVICE_NAME), server)  # v1alpha and v1
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     await server.start()
     for name in (service, ""):
@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: llmserve-executor [flags] (also python -m executor_svc).
     SIGTERM and Ctrl-C stop it with exit 0 and no traceback, during start-up too."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # until the loop's handlers take over
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO,  # the format of scheduler_svc/runtime.py, tagged executor
+                        format=f"%(asctime)s executor[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
 

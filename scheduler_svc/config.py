@@ -50,6 +50,9 @@ class SchedulerConfig:
     internal_token: str = field(default="", repr=False)
     # Prometheus metrics HTTP port; 0 = off.
     metrics_port: int = 0
+    # OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, ...) on --host, in
+    # the same process and on the same engine as the gRPC API; 0 = off.
+    http_port: int = 0
     # Public API limits, checked before any work (docs/hardening.md, "API limits"): UTF-8 bytes
     # of a text prompt or of all chat messages' roles and contents, chat messages per request,
     # stop strings per request and their total bytes, stop token ids per request. The public
@@ -59,6 +62,9 @@ class SchedulerConfig:
     max_stop_strings: int = 16
     max_stop_bytes: int = 4096
     max_stop_token_ids: int = 256
+    # Most parallel samples (n) of one request (OpenAI's limit; vLLM has none). All n must fit
+    # in the KV cache at once (they share the prompt's blocks).
+    max_n: int = 128
     # Threads that tokenize, render chat templates and decode off the event loop (vLLM's old
     # --tokenizer-pool-size); at least 1.
     tokenizer_pool_size: int = 2
@@ -71,6 +77,10 @@ class SchedulerConfig:
     # empty = open. Also from LLMSERVE_API_KEY (as vLLM reads VLLM_API_KEY). Kept out of repr.
     api_key: str = field(default="", repr=False)
     log_level: str = "INFO"
+    # Seconds between the engine core's stats lines (throughput, load, KV usage); 0 = off.
+    log_stats_interval: float = 10.0
+    # One INFO line per finished request (tokens, TTFT, total time, finish reason).
+    log_requests: bool = True
 
 
 def _env(name: str, default):
@@ -132,8 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="secret the executor requires on its API (prefer the LLMSERVE_INTERNAL_TOKEN "
                         "environment variable: flags show in ps)")
     p.add_argument("--metrics-port", type=int, default=_env("METRICS_PORT", d.metrics_port))
+    p.add_argument("--http-port", type=int, default=_env("HTTP_PORT", d.http_port),
+                   help="serve the OpenAI-compatible HTTP API on this port too (0 = off)")
     _add_api_boundary_flags(p, d)
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
+    p.add_argument("--log-stats-interval", type=float,
+                   default=_env("LOG_STATS_INTERVAL", d.log_stats_interval),
+                   help="seconds between the engine core's stats lines (only after activity); 0 = off")
+    p.add_argument("--log-requests", action=argparse.BooleanOptionalAction,
+                   default=_env("LOG_REQUESTS", d.log_requests),
+                   help="log one INFO line per finished request (default on)")
     return p
 
 
@@ -145,6 +163,7 @@ def _add_api_boundary_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> N
         ("max_stop_strings", "most stop strings in one request"),
         ("max_stop_bytes", "most UTF-8 bytes of one request's stop strings together"),
         ("max_stop_token_ids", "most stop token ids in one request"),
+        ("max_n", "most parallel samples (n) of one request"),
         ("tokenizer_pool_size", "threads that tokenize off the event loop (at least 1)"),
     ]:
         p.add_argument("--" + name.replace("_", "-"), type=int,

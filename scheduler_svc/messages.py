@@ -41,6 +41,9 @@ class RequestError(Exception):
 
 @dataclass(frozen=True)
 class AddRequest:
+    """A client request: its params.n samples get the ids req_id .. req_id + n - 1 (the API
+    process reserves them; core/samples.py makes the requests). The prompt crosses once."""
+
     req_id: int  # unique within the API process's lifetime
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -82,6 +85,10 @@ class CoreStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     executor_available: bool = False  # handshaken and answering; False while (re)connecting
+    num_preemptions: int = 0  # requests preempted (each time), since start
+    # Executor step times (prepare + forward + sample) per bucket of engine/stats.py's
+    # STEP_TIME_BUCKETS, not cumulative, the last one above them all (a few ints a message).
+    step_time_counts: tuple = ()
 
 
 class Outputs(NamedTuple):
@@ -90,14 +97,20 @@ class Outputs(NamedTuple):
     outputs: list[tuple]  # encode_output(RequestOutput) each
     errors: list[tuple[int, RequestError]]
     stats: tuple  # dataclasses.astuple(CoreStats)
+    # (req_id, time.monotonic()) of requests the scheduler admitted to a step since the last
+    # message (a resumed preempted request again: the API side keeps the first). The queue
+    # and prefill time metrics need it; CLOCK_MONOTONIC is one clock for all processes.
+    scheduled: list | tuple = ()
 
 
 def encode_output(o: RequestOutput) -> tuple:
+    """The generated tokens' logprobs ride along as tuples, the prompt's as arrays
+    (LogprobColumns); a request without costs two Nones."""
     return (o.req_id, o.new_token_ids, o.new_text, o.finish_reason and o.finish_reason.value,
-            o.matched_stop, o.num_prompt_tokens, o.num_output_tokens)
+            o.matched_stop, o.num_prompt_tokens, o.num_output_tokens, o.logprobs, o.prompt_logprobs)
 
 
 def decode_output(t: tuple) -> RequestOutput:
-    req_id, token_ids, text, reason, matched, num_prompt, num_output = t
+    req_id, token_ids, text, reason, matched, num_prompt, num_output, logprobs, prompt_logprobs = t
     return RequestOutput(req_id, token_ids, text, reason and FinishReason(reason), matched,
-                         num_prompt, num_output)
+                         num_prompt, num_output, logprobs, prompt_logprobs)

@@ -17,5 +17,7 @@ def run_async(main):
 
 
 def configure_logging(level: str, process: str) -> None:
+    """One format for every llmserve process ("scheduler", "engine-core"; executor_svc/server.py
+    writes the same with "executor"): time, process[pid], level, logger: message."""
     logging.basicConfig(level=level.upper(),
                         format=f"%(asctime)s {process}[{os.getpid()}] %(levelname)s %(name)s: %(message)s")

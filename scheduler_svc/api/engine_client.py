@@ -10,7 +10,6 @@ tokens queued) has its request aborted, so that it no longer holds a slot and KV
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import socket
@@ -45,12 +44,14 @@ class CoreStartError(RuntimeError):
 
 
 class _Stream:
-    """One request's outputs not yet taken by its RPC, and how many tokens they hold."""
+    """One client request's outputs (of all its samples) not yet taken by its RPC, and how
+    many tokens they hold."""
 
-    __slots__ = ("queue", "num_queued_tokens", "aborted", "reading", "last_read")
+    __slots__ = ("queue", "num_queued_tokens", "aborted", "reading", "last_read", "live")
 
-    def __init__(self):
-        self.queue: asyncio.Queue = asyncio.Queue()  # bounded by max_stream_backlog tokens
+    def __init__(self, req_ids: range):
+        self.queue: asyncio.Queue = asyncio.Queue()  # bounded by max_stream_backlog tokens a sample
+        self.live = set(req_ids)  # samples not finished yet
         self.num_queued_tokens = 0
         self.aborted = False  # too far behind: the core was told to abort the request
         # The RPC waits for its next output (it keeps up): never a slow consumer, however many
@@ -62,11 +63,12 @@ class _Stream:
 class EngineClient:
     """Starts the engine core process and streams its outputs to the requests of this process."""
 
-    def __init__(self, config: SchedulerConfig):
+    def __init__(self, config: SchedulerConfig, metrics=None):
         self._config = config
+        self.metrics = metrics  # api/metrics.Metrics: sees each request's events, or None
         self._stream_interval = max(1, config.stream_interval)
         self._max_backlog = max(1, config.max_stream_backlog)
-        self._ids = itertools.count(1)
+        self._next_id = 1
         self._streams: dict[int, _Stream] = {}
         self._channel: Channel | None = None
         self._process: subprocess.Popen | None = None
@@ -122,15 +124,19 @@ class EngineClient:
 
     @property
     def num_requests(self) -> int:
-        """Requests admitted by this process and not yet finished (running or waiting)."""
+        """Requests (samples) admitted by this process and not yet finished (running or
+        waiting)."""
         return len(self._streams)
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams
                        ) -> AsyncIterator[RequestOutput]:
-        """Admits a request and yields its outputs; leaving early (cancellation) aborts it."""
+        """Admits a request and yields the outputs of its params.n samples, each with its
+        index, as they come; leaving early (cancellation) aborts every sample still running.
+        An error of any sample ends them all."""
         if self.core_lost.is_set():
             raise RequestError("UNAVAILABLE", "the engine core process is gone")
-        req_id = next(self._ids)
+        req_id, n = self._next_id, params.n
+        self._next_id += n  # the samples' ids: req_id .. req_id + n - 1
         try:
             self._channel.send_nowait(AddRequest(req_id, list(prompt_token_ids), params))
         except FrameTooLarge as e:
@@ -139,35 +145,51 @@ class EngineClient:
             raise RequestError("INTERNAL", f"the request could not be sent to the engine: {e}") from e
         except ChannelClosed as e:
             raise RequestError("UNAVAILABLE", "the engine core process is gone") from e
-        stream = self._streams[req_id] = _Stream()  # before any await: no output can be missed
-        finished = False
-        pending: RequestOutput | None = None  # held until stream_interval tokens are ready
+        ids = range(req_id, req_id + n)
+        if self.metrics is not None:
+            self.metrics.arrived(ids, len(prompt_token_ids), time.monotonic())
+        stream = _Stream(ids)
+        for i in ids:  # before any await: no output can be missed
+            self._streams[i] = stream
+        pending: dict[int, RequestOutput] = {}  # per sample, until stream_interval tokens are ready
+        failed = False  # ended by an error of the server (not the client leaving)
         try:
             try:
                 await self._channel.drain()  # admission waits while the core is far behind
             except ChannelClosed:
                 pass  # the reader fails every stream, this one too
-            while not finished:
+            while stream.live:
                 stream.reading = True
                 try:
                     item = await stream.queue.get()
                 finally:
                     stream.reading = False
                     stream.last_read = time.monotonic()
-                item = _merge_ready(item, stream.queue)
-                if isinstance(item, RequestError):
-                    finished = True
-                    raise item
-                stream.num_queued_tokens -= len(item.new_token_ids)
-                pending = item if pending is None else _fold(pending, item)
-                finished = item.finish_reason is not None
-                if finished or len(pending.new_token_ids) >= self._stream_interval:
-                    yield pending
-                    pending = None
+                items = _merge_ready(item, stream.queue)
+                if isinstance(items, RequestError):
+                    failed = not stream.aborted
+                    raise items
+                for out in items:
+                    stream.num_queued_tokens -= len(out.new_token_ids)
+                    out.index = out.req_id - req_id
+                    earlier = pending.pop(out.req_id, None)
+                    out = out if earlier is None else _fold(earlier, out)
+                    if out.finish_reason is not None:
+                        stream.live.discard(out.req_id)
+                    elif len(out.new_token_ids) < self._stream_interval:
+                        pending[out.req_id] = out
+                        continue
+                    yield out
         finally:
-            del self._streams[req_id]
-            if not finished and not stream.aborted and not self.core_lost.is_set():
-                self._send_abort(req_id)
+            for i in ids:
+                del self._streams[i]
+            if self.metrics is not None:
+                now = time.monotonic()
+                for i in sorted(stream.live):
+                    self.metrics.ended(i, failed, now)
+            if not stream.aborted and not self.core_lost.is_set():
+                for i in sorted(stream.live):  # (one that failed is gone: the abort is ignored)
+                    self._send_abort(i)
 
     def _send_abort(self, req_id: int) -> None:
         try:
@@ -181,8 +203,18 @@ class EngineClient:
             while True:
                 msg: Outputs = await self._channel.recv()
                 self.stats = CoreStats(*msg.stats)
-                for t in msg.outputs:
-                    self._deliver(t[0], decode_output(t))
+                metrics = self.metrics
+                if metrics is None:
+                    for t in msg.outputs:
+                        self._deliver(t[0], decode_output(t))
+                else:
+                    now = time.monotonic()
+                    for req_id, when in msg.scheduled:
+                        metrics.scheduled(req_id, when)
+                    for t in msg.outputs:
+                        out = decode_output(t)
+                        metrics.output(out, now)
+                        self._deliver(t[0], out)
                 for req_id, error in msg.errors:
                     self._deliver(req_id, error)
                 # Let the streams take their outputs between frames: after a stall of this
@@ -196,7 +228,7 @@ class EngineClient:
 
     def _deliver(self, req_id: int, item: RequestOutput | RequestError) -> None:
         if req_id == ALL:
-            for stream in self._streams.values():
+            for stream in set(self._streams.values()):  # (a stream per request, not per sample)
                 stream.queue.put_nowait(item)
             return
         stream = self._streams.get(req_id)
@@ -204,7 +236,8 @@ class EngineClient:
             return
         if isinstance(item, RequestOutput):
             stream.num_queued_tokens += len(item.new_token_ids)
-            if (stream.num_queued_tokens > self._max_backlog and item.finish_reason is None
+            max_backlog = self._max_backlog * len(stream.live)  # per sample still running
+            if (stream.num_queued_tokens > max_backlog and item.finish_reason is None
                     and not stream.reading and time.monotonic() - stream.last_read > STALL_S):
                 self._abort_slow_stream(req_id, stream)
                 return
@@ -212,11 +245,11 @@ class EngineClient:
 
     def _abort_slow_stream(self, req_id: int, stream: _Stream) -> None:
         """Decided here, not in the RPC: its generator is stuck in a write to a client that
-        does not read (HTTP/2 flow control). Frees the request's slot and blocks now; the RPC
-        ends RESOURCE_EXHAUSTED when the client reads again or gives up."""
+        does not read (HTTP/2 flow control). Frees the request's slots and blocks now (all
+        its samples); the RPC ends RESOURCE_EXHAUSTED when the client reads again or gives up."""
         log.warning("request %d: the client read too slowly (%d tokens unread, over "
-                    "--max-stream-backlog %d); aborting it", req_id, stream.num_queued_tokens,
-                    self._max_backlog)
+                    "--max-stream-backlog %d a sample); aborting it", req_id,
+                    stream.num_queued_tokens, self._max_backlog)
         while not stream.queue.empty():
             stream.queue.get_nowait()
         stream.aborted = True
@@ -224,22 +257,33 @@ class EngineClient:
         stream.queue.put_nowait(RequestError(
             "RESOURCE_EXHAUSTED", f"the client read too slowly: more than {self._max_backlog} tokens "
             "were waiting unread (--max-stream-backlog), so the request was aborted"))
-        self._send_abort(req_id)
+        for i in sorted(stream.live):
+            self._send_abort(i)
 
 
 def _fold(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
-    """One output carrying both: the later one's state, both ones' tokens and text."""
+    """One output carrying both (of one sample): the later one's state, both ones' tokens,
+    text and logprobs (still aligned with the tokens), the earlier one's prompt logprobs."""
     later.new_token_ids = earlier.new_token_ids + later.new_token_ids
     later.new_text = earlier.new_text + later.new_text
+    if earlier.logprobs is not None:
+        later.logprobs = earlier.logprobs + (later.logprobs or [])
+    if earlier.prompt_logprobs is not None:
+        later.prompt_logprobs = earlier.prompt_logprobs
     return later
 
 
-def _merge_ready(item, queue: asyncio.Queue):
-    """Folds outputs already queued behind `item` into one: when the stream falls behind the
-    steps, the client gets fewer, larger messages instead of a growing backlog."""
-    while not isinstance(item, RequestError) and item.finish_reason is None and not queue.empty():
+def _merge_ready(item, queue: asyncio.Queue) -> list[RequestOutput] | RequestError:
+    """Folds outputs already queued behind `item` into one per sample, in the order the
+    samples first appear: when the stream falls behind the steps, the client gets fewer,
+    larger messages instead of a growing backlog. A queued error wins."""
+    if isinstance(item, RequestError):
+        return item
+    merged = {item.req_id: item}
+    while not queue.empty():
         nxt = queue.get_nowait()
         if isinstance(nxt, RequestError):
             return nxt
-        item = _fold(item, nxt)
-    return item
+        earlier = merged.get(nxt.req_id)
+        merged[nxt.req_id] = nxt if earlier is None else _fold(earlier, nxt)
+    return list(merged.values())

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from scheduler_svc.api.engine_client import EngineClient
 from scheduler_svc.api.handlers import SERVICE_NAME, add_llmserve_servicer
 from llmserve.bearer_auth import BearerTokenInterceptor
+from protos.reflection import enable_reflection
 from scheduler_svc.api.security import API_KEY_HINT
 from scheduler_svc.api.servicer import LLMServeServicer
 from scheduler_svc.api.tokenize_pool import TokenizePool
@@ -29,7 +29,8 @@ def build_public_server(config: SchedulerConfig, engine: EngineClient, pool: Tok
     sizes = SizeLimits.from_config(config)
     options = [
         # Larger requests are refused by gRPC itself (RESOURCE_EXHAUSTED) before they are parsed.
-        ("grpc.max_receive_message_length", max_request_bytes(sizes, engine.info.max_model_len)),
+        ("grpc.max_receive_message_length",
+         max_request_bytes(sizes, engine.info.max_model_len, engine.info.max_logit_bias)),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         # gRPC core sheds load silently: with more than 1,000 calls waiting for the application
         # to pick them up (a burst of new streams) it cancels new ones at random (CANCELLED, no
@@ -41,11 +42,11 @@ def build_public_server(config: SchedulerConfig, engine: EngineClient, pool: Tok
     interceptors = [BearerTokenInterceptor(config.api_key, API_KEY_HINT)] if config.api_key else []
     server = grpc.aio.server(options=options, interceptors=interceptors)
     add_llmserve_servicer(
-        LLMServeServicer(engine, pool, sizes, engine.info.model_name, config.max_waiting), server)
+        LLMServeServicer(engine, pool, sizes, engine.info.model_name, config.max_waiting,
+                         config.enable_prefix_caching), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME),
-                                        server)
+    enable_reflection((SERVICE_NAME, HEALTH_SERVICE_NAME), server)  # v1alpha and v1
     address = f"{config.host}:{config.port}"
     if credentials is None:
         bound = server.add_insecure_port(address)

@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from scheduler_svc.api.engine_client import CoreStartError, EngineClient
+from scheduler_svc.api.metrics import Metrics
 from scheduler_svc.api.public_server import build_public_server
 from scheduler_svc.api.security import server_credentials
 from scheduler_svc.api.tokenize_pool import TokenizePool
@@ -29,7 +30,8 @@ async def serve(config: SchedulerConfig) -> bool:
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     # TLS files are read first: a missing certificate should not wait for the executor.
     credentials = server_credentials(config.ssl_certfile, config.ssl_keyfile, config.ssl_ca_certs)
-    engine = EngineClient(config)
+    metrics = Metrics(log_requests=config.log_requests)  # the one registry of this process
+    engine = EngineClient(config, metrics)
     log.info("waiting for the executor at %s", config.executor_address)
     info = await _start_unless_stopped(engine, stop)
     if info is None:
@@ -38,6 +40,7 @@ async def serve(config: SchedulerConfig) -> bool:
     log.info("executor ready: model %s, %d KV blocks of %d tokens, max_model_len %d, graphs %s",
              info.model_name, info.num_blocks, info.block_size, info.max_model_len,
              list(info.cuda_graph_sizes) or "off")
+    metrics.bind(engine, info.model_name, info.max_model_len)
     tokenizer = Tokenizer.from_pretrained(config.tokenizer or info.model_path)
 
     pool = TokenizePool(tokenizer, config.tokenizer_pool_size, max_pending=config.max_waiting)
@@ -46,9 +49,12 @@ async def serve(config: SchedulerConfig) -> bool:
     await server.start()
     watch = asyncio.create_task(_follow_executor_health(engine, health_servicer))
     if config.metrics_port:
-        from scheduler_svc.api.metrics import start_metrics
+        metrics.serve(config.metrics_port)
+    http = None
+    if config.http_port:  # the OpenAI-compatible HTTP API, on the same engine and loop
+        from scheduler_svc.api.http.serve import start_http
 
-        start_metrics(config.metrics_port, engine)
+        http = await start_http(config, engine, pool, tokenizer, metrics)
     log.info("serving llmserve.v1.LLMServe on %s (%s, %s)", address,
              "TLS" if credentials else "plaintext", "API key required" if config.api_key else "no API key")
 
@@ -57,6 +63,8 @@ async def serve(config: SchedulerConfig) -> bool:
     log.info("shutting down")
     watch.cancel()
     await health_servicer.enter_graceful_shutdown()
+    if http is not None:
+        await http.stop()
     await server.stop(grace=2.0)
     pool.close()
     await engine.stop()

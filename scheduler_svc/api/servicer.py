@@ -7,8 +7,8 @@ as soon as it is known), then the ids and sampling parameters.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
 import uuid
 
 import grpc
@@ -18,55 +18,73 @@ from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from scheduler_svc.api import codec
 from scheduler_svc.api.engine_client import EngineClient
 from scheduler_svc.api.handlers import abort_with
-from scheduler_svc.api.prompts import Prompt, TokenIdsPrompt
+from scheduler_svc.api.admission import Admission
 from scheduler_svc.api.tokenize_pool import TokenizePool
-from scheduler_svc.api.validation import (Limits, SizeLimits, build_sampling_params,
-                                          check_detokenize_ids, check_prompt, check_prompt_len,
-                                          check_prompt_size, check_request_size, invalid)
+from scheduler_svc.api.validation import SizeLimits, check_detokenize_ids, check_prompt_size, invalid
 from scheduler_svc.messages import RequestError
 
 log = logging.getLogger("llmserve.api")
+# A response needing more logprob messages than this is built on a worker thread (~1 us a
+# message: prompt logprobs of a long prompt would hold the loop for a large part of a second).
+INLINE_MAX_LOGPROB_MESSAGES = 2048
 
 class LLMServeServicer(pb_grpc.LLMServeServicer):
     """Answers the public RPCs; all state lives in the engine."""
 
     def __init__(self, engine: EngineClient, tokenize_pool: TokenizePool, sizes: SizeLimits,
-                 model_name: str, max_waiting: int):
+                 model_name: str, max_waiting: int, prefix_caching: bool = True):
         self._engine = engine
         self._pool = tokenize_pool
         self._sizes = sizes
         self._model_name = model_name
-        self._max_waiting = max_waiting
-        self._num_refused_full, self._last_full_log = 0, 0.0  # refusals not yet logged
-        info = engine.info
-        self._limits = Limits(
-            max_model_len=info.max_model_len, vocab_size=info.vocab_size,
-            block_size=info.block_size, num_usable_blocks=info.num_blocks - 1,
-        )
+        self._admission = Admission(engine, tokenize_pool, sizes, max_waiting, prefix_caching)
+        self._limits = self._admission.limits
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         request_id = request.request_id or uuid.uuid4().hex
         prompt_ids, params = await self._admit(request, context)
+        num_finished = num_completion = 0
         try:
             async for out in self._engine.generate(prompt_ids, params):
-                yield codec.response_to_pb(request_id, out)
+                msg = await _off_the_loop_if_large(codec.num_logprob_messages(out),
+                                                   codec.response_to_pb, request_id, out)
+                if out.finish_reason is not None:
+                    num_finished += 1
+                    num_completion += out.num_output_tokens
+                    if num_finished == params.n:  # the stream's last message
+                        msg.total_usage.CopyFrom(codec.usage_to_pb(len(prompt_ids), num_completion))
+                yield msg
         except RequestError as e:
             await abort_with(context, e)
 
     async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         request_id = request.request_id or uuid.uuid4().hex
         prompt_ids, params = await self._admit(request, context)
-        token_ids: list[int] = []
-        text: list[str] = []
+        n = params.n
+        token_ids: list[list[int]] = [[] for _ in range(n)]
+        texts: list[list[str]] = [[] for _ in range(n)]
+        logprobs: list[list | None] = [None] * n
+        prompt_logprobs, last = None, [None] * n
         try:
             async for out in self._engine.generate(prompt_ids, params):
-                token_ids += out.new_token_ids
-                text.append(out.new_text)
-                last = out
+                i = out.index
+                token_ids[i] += out.new_token_ids
+                texts[i].append(out.new_text)
+                if out.logprobs is not None:
+                    logprobs[i] = (logprobs[i] or [])
+                    logprobs[i].extend(out.logprobs)
+                prompt_logprobs = out.prompt_logprobs or prompt_logprobs
+                last[i] = out
         except RequestError as e:
             await abort_with(context, e)
-        last.new_token_ids, last.new_text = token_ids, "".join(text)
-        return codec.response_to_pb(request_id, last)
+        for i, out in enumerate(last):
+            out.new_token_ids, out.new_text, out.logprobs = token_ids[i], "".join(texts[i]), logprobs[i]
+            out.prompt_logprobs = prompt_logprobs if i == 0 else None
+        usage = codec.usage_to_pb(len(prompt_ids), sum(out.num_output_tokens for out in last))
+        return await _off_the_loop_if_large(
+            sum(codec.num_logprob_messages(out) for out in last), lambda: pb.CompleteResponse(
+                request_id=request_id, choices=[codec.response_to_pb(request_id, o) for o in last],
+                usage=usage))
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext):
         try:
@@ -92,14 +110,15 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
 
     async def GetModelInfo(self, request, context):
         info = self._engine.info
-        return pb.ModelInfo(
+        return pb.GetModelInfoResponse(
             model_name=self._model_name, max_model_len=info.max_model_len,
             vocab_size=info.vocab_size, eos_token_ids=info.eos_token_ids, block_size=info.block_size,
+            max_logprobs=info.max_logprobs, max_logit_bias=info.max_logit_bias, max_n=self._sizes.max_n,
         )
 
     async def GetServerStatus(self, request, context):
         s = self._engine.stats
-        return pb.ServerStatus(
+        return pb.GetServerStatusResponse(
             total_blocks=s.num_total_blocks, free_blocks=s.num_free_blocks,
             used_blocks=s.num_total_blocks - s.num_free_blocks,
             num_running=s.num_running, num_waiting=s.num_waiting, num_steps=s.num_steps,
@@ -110,37 +129,18 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
         )
 
     async def _admit(self, request: pb.GenerateRequest, context) -> tuple[list[int], object]:
-        """Checks, tokenizes and validates; aborts the call with a clear status when the request
-        is bad."""
+        """Checks, tokenizes and validates (admission.Admission); aborts the call with a clear
+        status when the request is bad."""
         try:
             prompt = codec.prompt_from_pb(request)
             raw = codec.raw_params_from_pb(request.params)
-            check_prompt_size(prompt, self._sizes, self._limits)
-            check_request_size(raw, request.request_id, self._sizes)
-            self._check_capacity()
-            prompt_ids = await self._prompt_ids(prompt)
-            check_prompt(prompt_ids, self._limits)
-            params = build_sampling_params(raw, len(prompt_ids), self._limits)
+            return await self._admission.admit(prompt, raw, request.request_id)
         except RequestError as e:
             await abort_with(context, e)
-        return prompt_ids, params
 
-    def _check_capacity(self) -> None:
-        """At most max_num_seqs running plus --max-waiting waiting requests; counted here, as
-        they are admitted, so a burst cannot outrun the engine core's (one step old) figures."""
-        capacity = self._engine.info.max_num_seqs + self._max_waiting
-        if self._engine.num_requests >= capacity:
-            self._num_refused_full += 1
-            if time.monotonic() - self._last_full_log >= 1.0:  # a burst logs once a second
-                log.warning("server full: refused %d requests (%d running or waiting, --max-waiting %d)",
-                            self._num_refused_full, self._engine.num_requests, self._max_waiting)
-                self._last_full_log, self._num_refused_full = time.monotonic(), 0
-            raise RequestError("RESOURCE_EXHAUSTED", f"the server is full ({capacity} requests "
-                               f"running or waiting, --max-waiting {self._max_waiting}); retry later")
 
-    async def _prompt_ids(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, TokenIdsPrompt):
-            return list(prompt.ids)
-        encoded = await self._pool.encode(prompt, self._limits.max_model_len - 1)
-        check_prompt_len(encoded.num_tokens, self._limits)
-        return encoded.token_ids
+async def _off_the_loop_if_large(num_messages: int, build, *args):
+    """build(*args), on a worker thread when it makes many messages."""
+    if num_messages <= INLINE_MAX_LOGPROB_MESSAGES:
+        return build(*args)
+    return await asyncio.get_running_loop().run_in_executor(None, build, *args)

@@ -22,6 +22,19 @@ def max_blocks_needed(num_prompt_tokens: int, max_tokens: int, max_model_len: in
     return cdiv(num_slots, block_size)
 
 
+def check_runnable(request: Request, max_model_len: int, block_size: int, num_total_blocks: int) -> None:
+    """Raises ValueError for a request that can never run: an empty prompt or one that fills
+    the context, max_tokens < 1, more KV blocks than the cache has."""
+    num_prompt, max_tokens = request.num_prompt_tokens, request.params.max_tokens
+    if not 0 < num_prompt < max_model_len:
+        raise ValueError(f"prompt has {num_prompt} tokens; need 1 to {max_model_len - 1}")
+    if max_tokens < 1:
+        raise ValueError("max_tokens must be at least 1")
+    num_blocks = max_blocks_needed(num_prompt, max_tokens, max_model_len, block_size)
+    if num_blocks > num_total_blocks:
+        raise ValueError(f"request needs up to {num_blocks} KV blocks; the cache has {num_total_blocks}")
+
+
 @dataclass
 class PrefixCacheStats:
     """Running totals, in tokens, of admitted requests: looked up in the cache, found there."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from step_protocol.domain import SamplerParams
@@ -11,7 +11,8 @@ from step_protocol.domain import SamplerParams
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What the client asked for: sampling (run by the executor) and stop rules (run here)."""
+    """What the client asked for: sampling (run by the executor) and stop rules (run here).
+    vLLM's names and meanings."""
 
     max_tokens: int
     temperature: float = 1.0
@@ -22,10 +23,32 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False  # a matched stop string ends the text, not cut
+    n: int = 1  # parallel samples of the prompt (core/samples.py makes one Request each)
+    # Logprobs of each sampled token with this many alternatives (0 = the token's own only);
+    # None = none. prompt_logprobs: the same for each prompt token after the first.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids distinct
+    min_tokens: int = 0  # no stop condition but length ends the request before this many tokens
 
-    def sampler_params(self) -> SamplerParams:
-        """The part the executor's sampler needs (sent once with the request)."""
-        return SamplerParams(self.temperature, self.top_k, self.top_p, self.seed)
+    def sampler_params(self, eos_token_ids: tuple[int, ...] = ()) -> SamplerParams:
+        """The part the executor's sampler needs (sent once with the request). min_tokens
+        masks the model's EOS ids (unless ignore_eos) and the stop token ids."""
+        stop_ids: tuple[int, ...] = ()
+        if self.min_tokens > 0:
+            eos = () if self.ignore_eos else tuple(eos_token_ids)
+            stop_ids = tuple(dict.fromkeys(eos + self.stop_token_ids))
+        return SamplerParams(
+            self.temperature, self.top_k, self.top_p, self.seed, min_p=self.min_p,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, logit_bias=self.logit_bias,
+            min_tokens=self.min_tokens, min_tokens_stop_ids=stop_ids,
+            logprobs=-1 if self.logprobs is None else self.logprobs,
+            prompt_logprobs=-1 if self.prompt_logprobs is None else self.prompt_logprobs)
 
 
 class RequestStatus(enum.Enum):
@@ -79,6 +102,26 @@ class Request:
         # Text state, set by the scheduler: incremental detokenizer and stop-string holdback.
         self.detokenizer: Any = None
         self.stop_matcher: Any = None
+        # Parallel sampling (core/samples.py): sample 0 of the same client request, whose
+        # prompt KV this one waits for (None for sample 0 and for n == 1).
+        self.leader: Request | None = None
+        # Prompt logprobs (core/logprobs.py): the positions collected so far (LogprobColumns;
+        # None before the first), and whether they went out (with the first output; once).
+        self.prompt_logprobs: Any = None
+        self.prompt_logprobs_sent = params.prompt_logprobs is None
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Its prompt's logits are still needed: it computes the prompt (no prefix hit)."""
+        return not self.prompt_logprobs_sent
+
+    def sampler_params(self, eos_token_ids: tuple[int, ...]) -> SamplerParams:
+        """What the executor samples with; a resumed request whose prompt logprobs went out
+        does not ask for them again."""
+        params = self.params.sampler_params(eos_token_ids)
+        if params.prompt_logprobs >= 0 and not self.wants_prompt_logprobs:
+            params = replace(params, prompt_logprobs=-1)
+        return params
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -11,18 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from step_protocol.domain import NewRequestData, StepPlan
+from step_protocol.domain import NewRequestData, StepPlan, StepResult
 
 from .detokenizer import detokenizer_factory as make_detokenizer_factory
-from .kv_cache_manager import KVCacheManager, max_blocks_needed
+from .kv_cache_manager import KVCacheManager, check_runnable
+from .logprobs import StepLogprobs, StepResultError, collect_prompt_logprobs, token_output
 from .outputs import RequestOutput
 from .request import FinishReason, Request, RequestStatus
-from .stop import StopStringMatcher, length_reached, process_token
+from .samples import HeldSamples
+from .stop import StopStringMatcher, length_reached
 from .tokenizer import Tokenizer
-
-
-class StepResultError(RuntimeError):
-    """A step result that breaks the protocol (a row that had to sample got no token)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +59,8 @@ class Scheduler:
         # Live requests: not finished, or finished with steps still in flight.
         self.requests: dict[int, Request] = {}
         self.waiting: deque[Request] = deque()  # new and preempted (at the front)
+        # Samples 1..n-1 of a request, until their leader's prompt KV is written (samples.py).
+        self.held = HeldSamples(config.block_size, config.enable_prefix_caching)
         self.running: list[Request] = []  # kept in arrival order: the newest is preempted first
         self._num_arrivals = 0
         self._next_step_id = 0
@@ -80,21 +80,13 @@ class Scheduler:
         if self.detokenizer_factory is not None:
             request.detokenizer = self.detokenizer_factory(request)
         self.requests[request.req_id] = request
-        self.waiting.append(request)
+        if not self.held.hold(request):
+            self.waiting.append(request)
 
     def _validate(self, request: Request) -> None:
-        num_prompt, max_len = request.num_prompt_tokens, self.config.max_model_len
         if request.req_id in self.requests:
             raise ValueError(f"request {request.req_id} already exists")
-        if not 0 < num_prompt < max_len:
-            raise ValueError(f"prompt has {num_prompt} tokens; need 1 to {max_len - 1}")
-        if request.params.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
-        num_blocks = max_blocks_needed(num_prompt, request.params.max_tokens, max_len,
-                                       self.config.block_size)
-        if num_blocks > self.num_total_blocks:
-            raise ValueError(f"request needs up to {num_blocks} KV blocks; the cache has "
-                             f"{self.num_total_blocks}")
+        check_runnable(request, self.config.max_model_len, self.config.block_size, self.num_total_blocks)
 
     def abort_request(self, req_id: int) -> None:
         """Finishes the request as CANCELLED; no output is returned for it from now on.
@@ -126,7 +118,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + self.held.num_held
 
     def take_prefix_cache_stats(self) -> tuple[int, int]:
         """Prefix-cache (queried, hit) tokens of requests admitted since the last call."""
@@ -187,23 +179,26 @@ class Scheduler:
             request = self.waiting[0]
             if request.num_inflight_steps > 0:
                 break  # preempted with a token in flight: its ids are not all known yet
-            hits = self.kv.get_computed_blocks(request)  # a cached prefix: not computed again
+            # A cached prefix is not computed again; prompt logprobs need the prompt's logits.
+            skip_cache = request.wants_prompt_logprobs
+            hits = [] if skip_cache else self.kv.get_computed_blocks(request)
             num_computed = len(hits) * self.config.block_size
             num_new_tokens = self._num_new_tokens(request, budget, num_computed)
             if not self.kv.can_allocate_slots(request, num_new_tokens, hits):
                 break
             self.waiting.popleft()
             self.kv.allocate_slots(request, num_new_tokens, hits)
-            self.kv.record_admission(request, num_computed)
+            if not skip_cache:
+                self.kv.record_admission(request, num_computed)
             request.num_computed_tokens = num_computed
             out.new_requests.append(NewRequestData(
-                request.req_id, request.all_token_ids, request.params.sampler_params(),
-                list(request.block_ids),
-                request.num_computed_tokens, num_new_tokens))
+                request.req_id, request.all_token_ids, request.sampler_params(self.config.eos_token_ids),
+                list(request.block_ids), num_computed, num_new_tokens, request.num_prompt_tokens))
             request.status = RequestStatus.RUNNING
             bisect.insort(self.running, request, key=lambda r: r.arrival_order)
             self._advance(request, num_new_tokens)
             budget -= num_new_tokens
+            self.held.release(request, self.waiting)  # its prefix hit may cover its prompt
 
     def _num_new_tokens(self, request: Request, budget: int, num_computed_tokens: int) -> int:
         """The one rule: catch computed tokens up with all tokens, within the limits."""
@@ -228,16 +223,18 @@ class Scheduler:
         self._release_blocks(request)
         self.waiting.appendleft(request)
         out.preempted_req_ids.append(request.req_id)
+        self.held.release(request, self.waiting)  # its samples wait no more
 
     # -- results -------------------------------------------------------------------------
 
-    def update_from_output(self, output: StepPlan,
-                           sampled: dict[int, int]) -> list[RequestOutput]:
+    def update_from_output(self, output: StepPlan, sampled: dict[int, int],
+                           result: StepResult | None = None) -> list[RequestOutput]:
         """Applies a step's sampled tokens (req_id -> token id); returns what each request
         produced. Tokens of requests finished or aborted meanwhile are discarded.
 
         sampled must hold every row that reached the end of its tokens (a partial prefill
-        chunk samples nothing). If the executor failed the step, abort its requests.
+        chunk samples nothing). If the executor failed the step, abort its requests. result
+        (the step's StepResult) carries the logprobs of requests that asked for them.
         """
         if not output.has_rows():
             return []
@@ -245,6 +242,9 @@ class Scheduler:
             raise RuntimeError(f"step {output.step_id} applied out of order; "
                                f"in flight: {list(self._inflight_step_ids)}")
         self._inflight_step_ids.popleft()
+        logprobs = StepLogprobs(result)
+        if result is not None and result.prompt_logprobs is not None:
+            collect_prompt_logprobs(self.requests, result.prompt_logprobs)
         outputs, missing = [], []
         counts = [r.num_scheduled_tokens for r in output.new_requests]
         counts += output.cached_requests.num_scheduled_tokens
@@ -257,11 +257,12 @@ class Scheduler:
             request.num_inflight_steps -= 1
             if not request.is_finished:  # (a failed step aborts its requests first)
                 self.kv.cache_written_blocks(request, num_tokens)  # its KV is there: share it
+                self.held.release(request, self.waiting)  # samples waiting for its prompt KV
             token_id = sampled.get(req_id)
             if token_id is not None and request.num_pending_tokens > 0:
                 request.num_pending_tokens -= 1
                 if not request.is_finished:
-                    outputs.append(self._append_token(request, token_id))
+                    outputs.append(self._append_token(request, token_id, logprobs))
             elif token_id is None and should_sample and request.status is RequestStatus.RUNNING:
                 missing.append(req_id)
             self._release_blocks(request)
@@ -269,24 +270,23 @@ class Scheduler:
             raise StepResultError(f"step {output.step_id} returned no token for requests {missing[:8]}")
         return outputs
 
-    def _append_token(self, request: Request, token_id: int) -> RequestOutput:
-        request.output_token_ids.append(token_id)
-        text, reason, matched = process_token(
-            request, token_id, self.config.eos_token_ids, self.config.max_model_len)
-        if reason is not None:
-            self._finish(request, reason)
-        return RequestOutput(request.req_id, [token_id], text, reason, matched,
-                             request.num_prompt_tokens, request.num_output_tokens)
+    def _append_token(self, request: Request, token_id: int, logprobs: StepLogprobs) -> RequestOutput:
+        out = token_output(request, token_id, self.config.eos_token_ids,
+                           self.config.max_model_len, logprobs)
+        if out.finish_reason is not None:
+            self._finish(request, out.finish_reason)
+        return out
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
             self._finished_req_ids.append(request.req_id)  # the executor holds its row
-        else:
+        elif not self.held.remove(request):
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self._release_blocks(request)
+        self.held.release(request, self.waiting)  # its samples wait no more
 
     def _release_blocks(self, request: Request) -> None:
         """Frees a finished or preempted request's blocks once no step in flight has it."""

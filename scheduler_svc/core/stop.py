@@ -1,4 +1,5 @@
-"""Stop rules: EOS, stop token ids, stop strings (with holdback), max_tokens, context length."""
+"""Stop rules: EOS, stop token ids, stop strings (with holdback), min_tokens, max_tokens,
+context length."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ class StopStringMatcher:
         self.include_stop_str = include_stop_str
         self.held_text = ""
 
-    def feed(self, text: str) -> tuple[str, str]:
-        """Adds new text; returns (text safe to stream, matched stop string or "")."""
+    def feed(self, text: str, can_stop: bool = True) -> tuple[str, str]:
+        """Adds new text; returns (text safe to stream, matched stop string or ""). With
+        can_stop False (min_tokens not reached) a complete stop string is streamed as text,
+        and only a tail that might start one is held."""
         if not self.stop:
             return text, ""
         buf = self.held_text + text
-        matches = [(i, len(s), s) for s in self.stop if (i := buf.find(s)) >= 0]
+        matches = [(i, len(s), s) for s in self.stop if (i := buf.find(s)) >= 0] if can_stop else []
         if matches:
             index, _, matched = min(matches)
             self.held_text = ""
@@ -72,16 +75,18 @@ def process_token(request: Request, token_id: int, eos_token_ids: tuple[int, ...
 
     Returns (new text to stream, finish reason or None, matched stop). On the request's last
     token, the text the detokenizer still holds is released (and may still end in a stop
-    string); a stop or EOS token's own text is never streamed.
+    string); a stop or EOS token's own text is never streamed. Before min_tokens tokens
+    (this one counted) no stop condition applies, as in vLLM: only length ends the request.
     """
-    reason, matched = check_stop_token(request, token_id, eos_token_ids)
+    can_stop = request.num_output_tokens >= request.params.min_tokens
+    reason, matched = check_stop_token(request, token_id, eos_token_ids) if can_stop else (None, "")
     detokenizer = request.detokenizer
     text = detokenizer.step(token_id) if detokenizer is not None and reason is None else ""
     if reason is None and length_reached(request, max_model_len):
         reason = FinishReason.LENGTH
     if reason is not None and detokenizer is not None:
         text += detokenizer.flush()
-    text, matched_string = request.stop_matcher.feed(text)
+    text, matched_string = request.stop_matcher.feed(text, can_stop)
     if matched_string:
         return text, FinishReason.STOP, matched_string
     if reason is not None:

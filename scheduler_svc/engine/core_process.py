@@ -20,16 +20,18 @@ from dataclasses import astuple
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import Request
+from scheduler_svc.core.samples import sample_requests
 from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig, StepResultError
 from scheduler_svc.core.tokenizer import Tokenizer
 from scheduler_svc.engine.executor_client import ExecutorClient, ExecutorUnavailable
+from scheduler_svc.engine.stats import EngineStats, StatsLogger
 from scheduler_svc.engine.step_loop import StepLoop
 from scheduler_svc.lifetime import die_with_parent
 from scheduler_svc.messages import (ALL, AbortRequest, AddRequest, CoreStats, Failed, Outputs, Ready,
                                     RequestError, encode_output)
 from scheduler_svc.pipe import Channel, ChannelClosed, FrameTooLarge, UndeliverableMessage
 from scheduler_svc.runtime import configure_logging, run_async
-from step_protocol.domain import ExecutorInfo, StepResult
+from step_protocol.domain import ExecutorInfo
 
 log = logging.getLogger("llmserve.engine_core")
 
@@ -63,6 +65,7 @@ class EngineCore:
         self._wake = asyncio.Event()
         self._connected = False  # False while (re)connecting: new requests are refused
         self.stats = CoreStats()
+        self.engine_stats = EngineStats(self.stats)  # step times, preemptions, scheduled-at times
         self.scheduler: Scheduler | None = None
         self.loop: StepLoop | None = None
 
@@ -78,7 +81,8 @@ class EngineCore:
             self._tokenizers[path] = Tokenizer.from_pretrained(path)
         self.scheduler = Scheduler(core_config(self._config, info), self._tokenizers[path])
         self.loop = StepLoop(self.scheduler, self._client, depth=2 if self._config.overlap else 1,
-                             on_outputs=self._publish, on_result=self._record)
+                             on_outputs=self._publish, on_result=self.engine_stats.on_result,
+                             on_plan=self.engine_stats.on_plan)
         self._connected = self.stats.executor_available = True
         return info
 
@@ -122,7 +126,7 @@ class EngineCore:
         while True:
             cmd = await self._channel.recv()
             if isinstance(cmd, AddRequest):
-                self._add(Request(cmd.req_id, cmd.prompt_token_ids, cmd.params))
+                self._add(sample_requests(cmd.req_id, cmd.prompt_token_ids, cmd.params))
             elif isinstance(cmd, AbortRequest) and self.scheduler is not None:
                 self.scheduler.abort_request(cmd.req_id)
             self._wake.set()
@@ -137,15 +141,23 @@ class EngineCore:
         except ChannelClosed:
             pass  # the reader sees the close too and ends the process
 
-    def _add(self, request: Request) -> None:
+    def _add(self, samples: list[Request]) -> None:
+        """Adds the samples of one client request, all or none."""
         if not self._connected:
-            self._publish(errors=[(request.req_id, RequestError(
-                "UNAVAILABLE", "the executor is unreachable; the server is reconnecting, retry later"))])
+            error = RequestError("UNAVAILABLE", "the executor is unreachable; the server is "
+                                 "reconnecting, retry later")
+            self._publish(errors=[(r.req_id, error) for r in samples])
             return
+        added = []
         try:
-            self.scheduler.add_request(request)
+            for request in samples:
+                self.scheduler.add_request(request)
+                added.append(request.req_id)
         except ValueError as e:  # validation let through a request the core can never run
-            self._publish(errors=[(request.req_id, RequestError("INVALID_ARGUMENT", str(e)))])
+            for req_id in added:
+                self.scheduler.abort_request(req_id)
+            error = RequestError("INVALID_ARGUMENT", str(e))
+            self._publish(errors=[(r.req_id, error) for r in samples])
 
     def _publish(self, outputs: list[RequestOutput] = (), errors: list = ()) -> None:
         """Sends outputs and errors with a load snapshot. Never waits: the step loop waits for
@@ -159,10 +171,15 @@ class EngineCore:
             s.prefix_cache_hits += num_hits
         else:  # no executor: nothing runs, nothing is held
             s.num_total_blocks = s.num_free_blocks = s.num_running = s.num_waiting = 0
+        self.engine_stats.on_outputs(outputs)
+        scheduled = self.engine_stats.take_scheduled()
         stats = astuple(s)
         try:
-            self._channel.send_nowait(Outputs([encode_output(o) for o in outputs], list(errors), stats))
+            self._channel.send_nowait(Outputs([encode_output(o) for o in outputs], list(errors), stats,
+                                              scheduled))
         except UndeliverableMessage:  # too large together: each request on its own
+            if scheduled:
+                self._channel.send_nowait(Outputs([], [], stats, scheduled))
             for o in outputs:
                 self._send_or_fail(o.req_id, Outputs([encode_output(o)], [], stats))
             for req_id, error in errors:
@@ -179,14 +196,6 @@ class EngineCore:
             code = "RESOURCE_EXHAUSTED" if isinstance(e, FrameTooLarge) else "INTERNAL"
             error = RequestError(code, f"an output of this request could not be delivered: {e}")
             self._channel.send_nowait(Outputs([], [(req_id, error)], message.stats))
-
-    def _record(self, result: StepResult) -> None:
-        s = self.stats
-        s.num_steps += 1
-        s.prepare_us += result.prepare_us
-        s.forward_us += result.forward_us
-        s.sample_us += result.sample_us
-        s.num_graph_steps += result.graph_size > 0
 
     async def run(self) -> None:
         """Steps while there is work, sleeps until a command arrives; reconnects when the
@@ -227,8 +236,10 @@ async def _core_main(sock: socket.socket, max_frame_bytes: int) -> None:
         return
     configure_logging(config.log_level, "engine-core")
     core = EngineCore(config, channel)
+    stats_line = asyncio.create_task(StatsLogger(core.engine_stats, config.log_stats_interval).run())
     tasks = {asyncio.create_task(core.serve()), asyncio.create_task(core.read_commands())}
     done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    stats_line.cancel()
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)

@@ -35,12 +35,14 @@ class StepLoop:
     """Drives a Scheduler over a Transport, at most `depth` steps in flight."""
 
     def __init__(self, scheduler: Scheduler, transport: Transport, depth: int, on_outputs: OutputSink,
-                 on_result: Callable[[StepResult], None] | None = None):
+                 on_result: Callable[[StepResult], None] | None = None,
+                 on_plan: Callable[[StepPlan], None] | None = None):
         self.scheduler = scheduler
         self.transport = transport
         self.depth = depth
         self.on_outputs = on_outputs
         self.on_result = on_result  # sees every result (timings) before it is applied
+        self.on_plan = on_plan  # sees every plan (admissions, preemptions) before it is sent
         self.inflight: deque[StepPlan] = deque()
         self.num_planned = 0  # schedule() calls so far
 
@@ -51,6 +53,8 @@ class StepLoop:
         if len(self.inflight) < self.depth and self.scheduler.has_work():
             plan = self.scheduler.schedule()
             self.num_planned += 1
+            if self.on_plan is not None:
+                self.on_plan(plan)
             if not plan.is_empty():
                 await self.transport.send(plan)
                 self.inflight.append(plan)
@@ -71,7 +75,7 @@ class StepLoop:
         if self.on_result is not None:
             self.on_result(result)
         if not result.error:
-            self.on_outputs(self.scheduler.update_from_output(plan, result.sampled()), [])
+            self.on_outputs(self.scheduler.update_from_output(plan, result.sampled(), result), [])
             return
         log.error("step %d failed on the executor: %s", plan.step_id, result.error)
         error = RequestError("INTERNAL", f"the executor failed the step: {result.error}")

@@ -73,8 +73,8 @@ def decode_logits_graph_and_eager(runner: ModelRunner, num_reqs: int) -> tuple[t
     with torch.inference_mode():
         step = runner._prepare(runner._update_states(plan))
         size = runner.graphs.size_for(step)
-        graph_logits = runner._forward(step, runner._copy_inputs(step, size), size).clone()
-        eager_logits = runner._forward(step, runner._copy_inputs(step, 0), 0)
+        graph_logits = runner._forward(step, runner._copy_inputs(step, size), size)[0].clone()
+        eager_logits = runner._forward(step, runner._copy_inputs(step, 0), 0)[0]
     return graph_logits, eager_logits, size
 
 

@@ -118,11 +118,11 @@ def test_complete_equals_stream_and_seeded_sampling_repeats(llama_cluster):
     stub = llama_cluster.stub
     req = pb.GenerateRequest(text="The quick brown fox", params=pb.SamplingParams(
         max_tokens=12, temperature=0.8, top_p=0.9, top_k=50, seed=1234, ignore_eos=True))
-    full = stub.Complete(req, timeout=60)
+    (full,) = stub.Complete(req, timeout=60).choices
     streamed = list(stub.Generate(req, timeout=60))
     assert list(full.token_ids) == [t for m in streamed for t in m.token_ids]
     assert full.text == "".join(m.text for m in streamed)
-    again = stub.Complete(req, timeout=60)
+    (again,) = stub.Complete(req, timeout=60).choices
     assert list(again.token_ids) == list(full.token_ids)
 
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from scheduler_svc.core.request import FinishReason, Request, SamplingParams
 from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig
 from scheduler_svc.engine.step_loop import StepLoop
-from step_protocol.domain import CachedRequestData, StepPlan, StepResult
+from step_protocol.domain import (CachedRequestData, Logprobs, PromptLogprobs, SamplerParams,
+                                  StepPlan, StepResult)
 
 EOS = 27  # the fake vocabulary: 0..25 are 'a'..'z', 26 is ' ', 27 is EOS, 28 is '!'
 VOCAB = 29
@@ -52,11 +53,33 @@ def reference_tokens(prompt: list[int], num_tokens: int) -> list[int]:
     return tokens[len(prompt):]
 
 
+def fake_logprob_row(position: int, token_id: int, num_top: int) -> tuple:
+    """The fake model's logprobs at a position: (logprob, rank, top ids, top logprobs)."""
+    top = [(token_id + 1 + j) % VOCAB for j in range(num_top)]
+    return (-0.5 - position / 100 - token_id / 1000, 1 + token_id % 3, top,
+            [-0.1 * (j + 1) - position / 1000 for j in range(num_top)])
+
+
+def fake_logprobs(rows: list[tuple[int, int]], num_top: int) -> Logprobs:
+    """Logprobs of (position, token id) rows, as the executor's columns."""
+    out = Logprobs(num_top)
+    for position, token_id in rows:
+        lp, rank, top_ids, top_lps = fake_logprob_row(position, token_id, num_top)
+        out.token_ids.append(token_id)
+        out.logprobs.append(lp)
+        out.ranks.append(rank)
+        out.top_token_ids += top_ids
+        out.top_logprobs += top_lps
+    return out
+
+
 @dataclass
 class Row:
     token_ids: list[int]
     block_ids: list[int]
     num_computed_tokens: int
+    params: SamplerParams = field(default_factory=SamplerParams)
+    num_prompt_tokens: int = 0
 
 
 class FakeExecutor:
@@ -67,8 +90,9 @@ class FakeExecutor:
     a row writes only blocks no other row holds, a cached prefix was written by a step
     whose result is already back, and a newly handed-out block is in no step in flight."""
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, seeded: bool = False):
         self.block_size = block_size
+        self.seeded = seeded  # samples depend on the request's seed too (a sampling model)
         self.rows: dict[int, Row] = {}
         self.kv: dict[int, tuple[int, tuple[int, ...]]] = {}
         self.unapplied: dict[int, int] = {}  # slot -> step that wrote it, result not back yet
@@ -84,7 +108,9 @@ class FakeExecutor:
         assert not busy & set(new_blocks), "a block of a step in flight was handed out again"
         for new in plan.new_requests:
             assert new.req_id not in self.rows
-            row = Row(list(new.token_ids), list(new.block_ids), new.num_computed_tokens)
+            assert 0 < new.num_prompt_tokens <= len(new.token_ids), "num_prompt_tokens not set"
+            row = Row(list(new.token_ids), list(new.block_ids), new.num_computed_tokens,
+                      new.sampler_params, new.num_prompt_tokens)
             self._check_cached_prefix(row)
             self.rows[new.req_id] = row
         cached = cached_rows(plan.cached_requests)
@@ -94,11 +120,30 @@ class FakeExecutor:
                      + [(req_id, n) for req_id, n, _ in cached])
         self.inflight_blocks[plan.step_id] = {b for r, _ in scheduled for b in self.rows[r].block_ids}
         result = StepResult(plan.step_id)
+        prompt_rows: list[tuple[int, int, list[tuple[int, int]], int]] = []
         for req_id, num_tokens in scheduled:
-            token_id = self._run(plan.step_id, req_id, self.rows[req_id], num_tokens)
+            row = self.rows[req_id]
+            start = row.num_computed_tokens
+            token_id = self._run(plan.step_id, req_id, row, num_tokens)
+            # the logits of positions start..end-1 give the prompt logprobs of start+1..end
+            end = min(start + num_tokens, row.num_prompt_tokens - 1)
+            if row.params.prompt_logprobs >= 0 and end > start:
+                positions = [(p, row.token_ids[p]) for p in range(start + 1, end + 1)]
+                prompt_rows.append((req_id, start + 1, positions, row.params.prompt_logprobs))
             if token_id is not None:
                 result.req_ids.append(req_id)
                 result.token_ids.append(token_id)
+        ks = [self.rows[r].params.logprobs for r in result.req_ids]
+        if max(ks, default=-1) >= 0:  # rows that did not ask are there too
+            result.logprobs = fake_logprobs(
+                [(len(self.rows[r].token_ids) - 1, t) for r, t in zip(result.req_ids, result.token_ids)],
+                max(ks))
+        if prompt_rows:
+            num_top = max(k for *_, k in prompt_rows)
+            result.prompt_logprobs = PromptLogprobs(
+                [r for r, *_ in prompt_rows], [first for _, first, _, _ in prompt_rows],
+                [len(rows) for _, _, rows, _ in prompt_rows],
+                fake_logprobs([x for _, _, rows, _ in prompt_rows for x in rows], num_top))
         return result
 
     def applied(self, step_id: int) -> None:
@@ -132,6 +177,8 @@ class FakeExecutor:
         if end < len(row.token_ids):
             return None  # a partial prefill chunk samples nothing
         token_id = fake_next_token(row.token_ids)
+        if self.seeded:
+            token_id = (token_id + row.params.seed * 11) % VOCAB
         row.token_ids.append(token_id)  # fed as the next input: decode rows carry no ids
         return token_id
 
@@ -145,6 +192,8 @@ class Stream:
     finish_reason: FinishReason | None = None
     matched_stop: str = ""
     num_outputs: int = 0
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 def collect(streams: dict[int, Stream], outputs, errors=()) -> None:
@@ -153,6 +202,13 @@ def collect(streams: dict[int, Stream], outputs, errors=()) -> None:
         stream = streams.setdefault(out.req_id, Stream())
         assert stream.finish_reason is None, f"output after the end: {out}"
         stream.token_ids += out.new_token_ids
+        if out.logprobs is not None:
+            assert len(out.logprobs) == len(out.new_token_ids), "logprobs not aligned with tokens"
+            assert [e[0] for e in out.logprobs] == out.new_token_ids
+            stream.logprobs = (stream.logprobs or []) + out.logprobs
+        if out.prompt_logprobs is not None:
+            assert stream.prompt_logprobs is None, "prompt logprobs delivered twice"
+            stream.prompt_logprobs = out.prompt_logprobs
         stream.text += out.new_text
         stream.finish_reason = out.finish_reason
         stream.matched_stop = out.matched_stop
@@ -190,14 +246,14 @@ def cached_rows(cached: CachedRequestData) -> list[tuple[int, int, list[int]]]:
 
 
 def run(scheduler: Scheduler, arrivals: dict[int, list[Request]], aborts=None, *,
-        ahead: bool, max_steps: int = 2000) -> tuple[dict[int, Stream], list[StepPlan]]:
+        ahead: bool, max_steps: int = 2000, seeded: bool = False) -> tuple[dict[int, Stream], list[StepPlan]]:
     """Drives scheduler and a FakeExecutor to completion through the engine's StepLoop.
     arrivals/aborts are keyed by the number of schedule() calls made before they happen (when
     the engine is idle, time jumps to the next arrival). With ahead=True, step N+1 is planned
     before step N's result is applied."""
     aborts = aborts or {}
     streams: dict[int, Stream] = {}
-    transport = FakeTransport(FakeExecutor(scheduler.config.block_size))
+    transport = FakeTransport(FakeExecutor(scheduler.config.block_size, seeded))
     loop = StepLoop(scheduler, transport, depth=2 if ahead else 1,
                     on_outputs=lambda outputs, errors: collect(streams, outputs, errors))
     events = sorted(set(arrivals) | set(aborts))

@@ -24,15 +24,18 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/llmserve/v1/llmserve.proto\x12\x0bllmserve.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"x\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.llmserve.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x89\x02\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\t \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xc2\x01\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12*\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x15.llmserve.v1.TokenIdsH\x00\x12)\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x19.llmserve.v1.ChatMessagesH\x00\x12+\n\x06params\x18\x04 \x01(\x0b\x32\x1b.llmserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x05 \x01(\tB\x07\n\x05input\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\xb2\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.llmserve.v1.FinishReason\x12!\n\x05usage\x18\x05 \x01(\x0b\x32\x12.llmserve.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x06 \x01(\t\"\x8d\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x19.llmserve.v1.ChatMessagesH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x15\n\x13GetModelInfoRequest\"u\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x12\n\nblock_size\x18\x05 \x01(\r\"\x18\n\x16GetServerStatusRequest\"\xb2\x02\n\x0cServerStatus\x12\x14\n\x0ctotal_blocks\x18\x01 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x02 \x01(\r\x12\x13\n\x0bused_blocks\x18\x03 \x01(\r\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x05 \x01(\r\x12\x11\n\tnum_steps\x18\x06 \x01(\x04\x12\x18\n\x10\x65xecutor_busy_us\x18\x07 \x01(\x04\x12\x17\n\x0fnum_graph_steps\x18\x08 \x01(\x04\x12\x1a\n\x12\x65xecutor_available\x18\t \x01(\x08\x12\x1c\n\x14prefix_cache_queries\x18\n \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x0b \x01(\x04\x12\x1d\n\x15prefix_cache_hit_rate\x18\x0c \x01(\x01*\x93\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x32\xd3\x03\n\x08LLMServe\x12I\n\x08Generate\x12\x1c.llmserve.v1.GenerateRequest\x1a\x1d.llmserve.v1.GenerateResponse0\x01\x12G\n\x08\x43omplete\x12\x1c.llmserve.v1.GenerateRequest\x1a\x1d.llmserve.v1.GenerateResponse\x12G\n\x08Tokenize\x12\x1c.llmserve.v1.TokenizeRequest\x1a\x1d.llmserve.v1.TokenizeResponse\x12M\n\nDetokenize\x12\x1e.llmserve.v1.DetokenizeRequest\x1a\x1f.llmserve.v1.DetokenizeResponse\x12H\n\x0cGetModelInfo\x12 .llmserve.v1.GetModelInfoRequest\x1a\x16.llmserve.v1.ModelInfo\x12Q\n\x0fGetServerStatus\x12#.llmserve.v1.GetServerStatusRequest\x1a\x19.llmserve.v1.ServerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!protos/llmserve/v1/llmserve.proto\x12\x0bllmserve.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"x\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.llmserve.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xfb\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\t \x01(\x08\x12\x0e\n\x01n\x18\n \x01(\rH\x04\x88\x01\x01\x12\x10\n\x08logprobs\x18\x0b \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x0c \x01(\r\x12\x1c\n\x0fprompt_logprobs\x18\r \x01(\rH\x05\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x0e \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0f \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x10 \x01(\x02H\x06\x88\x01\x01\x12\r\n\x05min_p\x18\x11 \x01(\x02\x12>\n\nlogit_bias\x18\x12 \x03(\x0b\x32*.llmserve.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x13 \x01(\r\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x04\n\x02_nB\x12\n\x10_prompt_logprobsB\x15\n\x13_repetition_penalty\"\xc2\x01\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12*\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x15.llmserve.v1.TokenIdsH\x00\x12)\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x19.llmserve.v1.ChatMessagesH\x00\x12+\n\x06params\x18\x04 \x01(\x0b\x32\x1b.llmserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x05 \x01(\tB\x07\n\x05input\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"\x7f\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x14\n\x07logprob\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12-\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x17.llmserve.v1.TopLogprobB\n\n\x08_logprob\"\xcb\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.llmserve.v1.FinishReason\x12!\n\x05usage\x18\x05 \x01(\x0b\x32\x12.llmserve.v1.Usage\x12\x14\n\x0cmatched_stop\x18\x06 \x01(\t\x12\r\n\x05index\x18\x07 \x01(\r\x12+\n\x08logprobs\x18\x08 \x03(\x0b\x32\x19.llmserve.v1.TokenLogprob\x12\x32\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x19.llmserve.v1.TokenLogprob\x12\'\n\x0btotal_usage\x18\n \x01(\x0b\x32\x12.llmserve.v1.Usage\"y\n\x10\x43ompleteResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12.\n\x07\x63hoices\x18\x02 \x03(\x0b\x32\x1d.llmserve.v1.GenerateResponse\x12!\n\x05usage\x18\x03 \x01(\x0b\x32\x12.llmserve.v1.Usage\"\x8d\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x19.llmserve.v1.ChatMessagesH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"`\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12 \n\x13skip_special_tokens\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_skip_special_tokens\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\xbd\x01\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x14\n\x0cmax_logprobs\x18\x06 \x01(\r\x12\x16\n\x0emax_logit_bias\x18\x07 \x01(\r\x12\r\n\x05max_n\x18\x08 \x01(\r\"\x18\n\x16GetServerStatusRequest\"\xbd\x02\n\x17GetServerStatusResponse\x12\x14\n\x0ctotal_blocks\x18\x01 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x02 \x01(\r\x12\x13\n\x0bused_blocks\x18\x03 \x01(\r\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x05 \x01(\r\x12\x11\n\tnum_steps\x18\x06 \x01(\x04\x12\x18\n\x10\x65xecutor_busy_us\x18\x07 \x01(\x04\x12\x17\n\x0fnum_graph_steps\x18\x08 \x01(\x04\x12\x1a\n\x12\x65xecutor_available\x18\t \x01(\x08\x12\x1c\n\x14prefix_cache_queries\x18\n \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x0b \x01(\x04\x12\x1d\n\x15prefix_cache_hit_rate\x18\x0c \x01(\x01*\x93\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x32\xe9\x03\n\x08LLMServe\x12I\n\x08Generate\x12\x1c.llmserve.v1.GenerateRequest\x1a\x1d.llmserve.v1.GenerateResponse0\x01\x12G\n\x08\x43omplete\x12\x1c.llmserve.v1.GenerateRequest\x1a\x1d.llmserve.v1.CompleteResponse\x12G\n\x08Tokenize\x12\x1c.llmserve.v1.TokenizeRequest\x1a\x1d.llmserve.v1.TokenizeResponse\x12M\n\nDetokenize\x12\x1e.llmserve.v1.DetokenizeRequest\x1a\x1f.llmserve.v1.DetokenizeResponse\x12S\n\x0cGetModelInfo\x12 .llmserve.v1.GetModelInfoRequest\x1a!.llmserve.v1.GetModelInfoResponse\x12\\\n\x0fGetServerStatus\x12#.llmserve.v1.GetServerStatusRequest\x1a$.llmserve.v1.GetServerStatusResponseB\x9e\x01\n\x0f\x63om.llmserve.v1B\rLlmserveProtoP\x01Z:github.com/llmserve/llmserve/gen/go/llmserve/v1;llmservev1\xa2\x02\x03LLM\xaa\x02\x0bLlmserve.V1\xba\x02\x0cLlmserve_V1_\xca\x02\x0bLlmserve\\V1\xea\x02\x0cLlmserve::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.llmserve.v1.llmserve_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1759
-  _globals['_FINISHREASON']._serialized_end=1906
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\017com.llmserve.v1B\rLlmserveProtoP\001Z:github.com/llmserve/llmserve/gen/go/llmserve/v1;llmservev1\242\002\003LLM\252\002\013Llmserve.V1\272\002\014Llmserve_V1_\312\002\013Llmserve\\V1\352\002\014Llmserve::V1'
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_FINISHREASON']._serialized_start=2667
+  _globals['_FINISHREASON']._serialized_end=2814
   _globals['_CHATMESSAGE']._serialized_start=50
   _globals['_CHATMESSAGE']._serialized_end=94
   _globals['_CHATMESSAGES']._serialized_start=96
@@ -40,29 +43,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=218
   _globals['_TOKENIDS']._serialized_end=241
   _globals['_SAMPLINGPARAMS']._serialized_start=244
-  _globals['_SAMPLINGPARAMS']._serialized_end=509
-  _globals['_GENERATEREQUEST']._serialized_start=512
-  _globals['_GENERATEREQUEST']._serialized_end=706
-  _globals['_USAGE']._serialized_start=708
-  _globals['_USAGE']._serialized_end=765
-  _globals['_GENERATERESPONSE']._serialized_start=768
-  _globals['_GENERATERESPONSE']._serialized_end=946
-  _globals['_TOKENIZEREQUEST']._serialized_start=949
-  _globals['_TOKENIZEREQUEST']._serialized_end=1090
-  _globals['_TOKENIZERESPONSE']._serialized_start=1092
-  _globals['_TOKENIZERESPONSE']._serialized_end=1145
-  _globals['_DETOKENIZEREQUEST']._serialized_start=1147
-  _globals['_DETOKENIZEREQUEST']._serialized_end=1243
-  _globals['_DETOKENIZERESPONSE']._serialized_start=1245
-  _globals['_DETOKENIZERESPONSE']._serialized_end=1279
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1281
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1302
-  _globals['_MODELINFO']._serialized_start=1304
-  _globals['_MODELINFO']._serialized_end=1421
-  _globals['_GETSERVERSTATUSREQUEST']._serialized_start=1423
-  _globals['_GETSERVERSTATUSREQUEST']._serialized_end=1447
-  _globals['_SERVERSTATUS']._serialized_start=1450
-  _globals['_SERVERSTATUS']._serialized_end=1756
-  _globals['_LLMSERVE']._serialized_start=1909
-  _globals['_LLMSERVE']._serialized_end=2376
+  _globals['_SAMPLINGPARAMS']._serialized_end=879
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=732
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=780
+  _globals['_GENERATEREQUEST']._serialized_start=882
+  _globals['_GENERATEREQUEST']._serialized_end=1076
+  _globals['_USAGE']._serialized_start=1078
+  _globals['_USAGE']._serialized_end=1135
+  _globals['_TOPLOGPROB']._serialized_start=1137
+  _globals['_TOPLOGPROB']._serialized_end=1184
+  _globals['_TOKENLOGPROB']._serialized_start=1186
+  _globals['_TOKENLOGPROB']._serialized_end=1313
+  _globals['_GENERATERESPONSE']._serialized_start=1316
+  _globals['_GENERATERESPONSE']._serialized_end=1647
+  _globals['_COMPLETERESPONSE']._serialized_start=1649
+  _globals['_COMPLETERESPONSE']._serialized_end=1770
+  _globals['_TOKENIZEREQUEST']._serialized_start=1773
+  _globals['_TOKENIZEREQUEST']._serialized_end=1914
+  _globals['_TOKENIZERESPONSE']._serialized_start=1916
+  _globals['_TOKENIZERESPONSE']._serialized_end=1969
+  _globals['_DETOKENIZEREQUEST']._serialized_start=1971
+  _globals['_DETOKENIZEREQUEST']._serialized_end=2067
+  _globals['_DETOKENIZERESPONSE']._serialized_start=2069
+  _globals['_DETOKENIZERESPONSE']._serialized_end=2103
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2105
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2126
+  _globals['_GETMODELINFORESPONSE']._serialized_start=2129
+  _globals['_GETMODELINFORESPONSE']._serialized_end=2318
+  _globals['_GETSERVERSTATUSREQUEST']._serialized_start=2320
+  _globals['_GETSERVERSTATUSREQUEST']._serialized_end=2344
+  _globals['_GETSERVERSTATUSRESPONSE']._serialized_start=2347
+  _globals['_GETSERVERSTATUSRESPONSE']._serialized_end=2664
+  _globals['_LLMSERVE']._serialized_start=2817
+  _globals['_LLMSERVE']._serialized_end=3306
 # @@protoc_insertion_point(module_scope)

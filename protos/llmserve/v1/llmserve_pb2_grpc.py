@@ -27,6 +27,9 @@ if _version_not_supported:
 
 class LLMServeStub:
     """The inference service. Every RPC is answered by the scheduler process.
+    The name predates the lint: renaming it (LLMServeService) would change every method's path
+    (/llmserve.v1.LLMServe/...), which breaks every client.
+    buf:lint:ignore SERVICE_SUFFIX
     """
 
     def __init__(self, channel):
@@ -43,7 +46,7 @@ class LLMServeStub:
         self.Complete = channel.unary_unary(
                 '/llmserve.v1.LLMServe/Complete',
                 request_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GenerateResponse.FromString,
+                response_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.CompleteResponse.FromString,
                 _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/llmserve.v1.LLMServe/Tokenize',
@@ -58,30 +61,40 @@ class LLMServeStub:
         self.GetModelInfo = channel.unary_unary(
                 '/llmserve.v1.LLMServe/GetModelInfo',
                 request_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetModelInfoRequest.SerializeToString,
-                response_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.ModelInfo.FromString,
+                response_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetModelInfoResponse.FromString,
                 _registered_method=True)
         self.GetServerStatus = channel.unary_unary(
                 '/llmserve.v1.LLMServe/GetServerStatus',
                 request_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetServerStatusRequest.SerializeToString,
-                response_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.ServerStatus.FromString,
+                response_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetServerStatusResponse.FromString,
                 _registered_method=True)
 
 
 class LLMServeServicer:
     """The inference service. Every RPC is answered by the scheduler process.
+    The name predates the lint: renaming it (LLMServeService) would change every method's path
+    (/llmserve.v1.LLMServe/...), which breaks every client.
+    buf:lint:ignore SERVICE_SUFFIX
     """
 
     def Generate(self, request, context):
         """Streams a completion: one message per step that produced text or tokens;
         the last message carries finish_reason and usage. Cancelling the call
         aborts the request and frees everything it held.
+        GenerateRequest is shared with Complete on purpose (see Complete).
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Complete(self, request, context):
-        """The same as Generate, answered once with the whole completion.
+        """The same as Generate, answered once with the whole completion: one choice per
+        sample (n of them).
+        It takes Generate's request: clients build one GenerateRequest and send it to either
+        RPC; a CompleteRequest would break every caller that constructs the request.
+        buf:lint:ignore RPC_REQUEST_STANDARD_NAME
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -126,7 +139,7 @@ def add_LLMServeServicer_to_server(servicer, server):
             'Complete': grpc.unary_unary_rpc_method_handler(
                     servicer.Complete,
                     request_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GenerateRequest.FromString,
-                    response_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GenerateResponse.SerializeToString,
+                    response_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.CompleteResponse.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
@@ -141,12 +154,12 @@ def add_LLMServeServicer_to_server(servicer, server):
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
                     request_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetModelInfoRequest.FromString,
-                    response_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.ModelInfo.SerializeToString,
+                    response_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetModelInfoResponse.SerializeToString,
             ),
             'GetServerStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetServerStatus,
                     request_deserializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetServerStatusRequest.FromString,
-                    response_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.ServerStatus.SerializeToString,
+                    response_serializer=protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetServerStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -158,6 +171,9 @@ def add_LLMServeServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class LLMServe:
     """The inference service. Every RPC is answered by the scheduler process.
+    The name predates the lint: renaming it (LLMServeService) would change every method's path
+    (/llmserve.v1.LLMServe/...), which breaks every client.
+    buf:lint:ignore SERVICE_SUFFIX
     """
 
     @staticmethod
@@ -203,7 +219,7 @@ class LLMServe:
             target,
             '/llmserve.v1.LLMServe/Complete',
             protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GenerateRequest.SerializeToString,
-            protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GenerateResponse.FromString,
+            protos_dot_llmserve_dot_v1_dot_llmserve__pb2.CompleteResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -284,7 +300,7 @@ class LLMServe:
             target,
             '/llmserve.v1.LLMServe/GetModelInfo',
             protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetModelInfoRequest.SerializeToString,
-            protos_dot_llmserve_dot_v1_dot_llmserve__pb2.ModelInfo.FromString,
+            protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetModelInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -311,7 +327,7 @@ class LLMServe:
             target,
             '/llmserve.v1.LLMServe/GetServerStatus',
             protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetServerStatusRequest.SerializeToString,
-            protos_dot_llmserve_dot_v1_dot_llmserve__pb2.ServerStatus.FromString,
+            protos_dot_llmserve_dot_v1_dot_llmserve__pb2.GetServerStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

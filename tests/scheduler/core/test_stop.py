@@ -91,3 +91,46 @@ def test_include_stop_str_keeps_the_stop_string_and_never_retracts():
     assert step(r, 2) == ("c", None, "")
     assert step(r, 0) == ("", None, "")  # 'a' held: it may start "ab"
     assert step(r, 1) == ("ab", FinishReason.STOP, "ab")
+
+
+# --- min_tokens (vLLM's rule: no stop condition before min_tokens tokens, length still ends) ---
+
+def test_min_tokens_ignores_eos_and_stop_token_ids_until_reached():
+    r = make(min_tokens=2, stop_token_ids=(7,))
+    assert step(r, EOS) == ("<eos>", None, "")  # token 1 of 2: EOS is just a token
+    assert step(r, 7) == ("", FinishReason.STOP, "7")  # token 2: min_tokens reached
+    r = make(min_tokens=3)
+    assert [step(r, t)[1] for t in (7, EOS, EOS)] == [None, None, FinishReason.EOS]
+
+
+def test_min_tokens_ignores_stop_strings_until_reached_and_still_holds_their_prefixes():
+    r = make(min_tokens=3, stop=("ab",))
+    assert step(r, 0) == ("", None, "")  # 'a' is held: it may start "ab"
+    assert step(r, 1) == ("ab", None, "")  # "ab" before min_tokens: streamed as text
+    assert step(r, 0) == ("", None, "")  # token 3: 'a' held again ...
+    assert step(r, 1) == ("", FinishReason.STOP, "ab")  # ... and "ab" now ends the request
+
+
+def test_min_tokens_does_not_hold_off_length():
+    r = make(max_tokens=2, min_tokens=2)
+    assert step(r, EOS)[1] is None
+    assert step(r, 3) == ("d", FinishReason.LENGTH, "")
+    r = make(min_tokens=5)
+    assert step(r, 2, max_model_len=4) == ("c", FinishReason.LENGTH, "")  # the context is full
+
+
+def test_sampler_params_carry_the_processors_and_the_min_tokens_stop_ids():
+    p = SamplingParams(max_tokens=5, min_tokens=2, stop_token_ids=(7, EOS), seed=3, logprobs=0,
+                       prompt_logprobs=4, presence_penalty=0.5, frequency_penalty=-0.5,
+                       repetition_penalty=1.2, min_p=0.1, logit_bias=((3, 1.5),))
+    s = p.sampler_params((EOS, 28))
+    assert s.min_tokens_stop_ids == (EOS, 28, 7)  # EOS ids first, each once
+    assert (s.min_tokens, s.logprobs, s.prompt_logprobs, s.seed) == (2, 0, 4, 3)
+    assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty, s.min_p, s.logit_bias) == (
+        0.5, -0.5, 1.2, 0.1, ((3, 1.5),))
+    assert SamplingParams(max_tokens=5, min_tokens=2, ignore_eos=True,
+                          stop_token_ids=(7,)).sampler_params((EOS,)).min_tokens_stop_ids == (7,)
+    off = SamplingParams(max_tokens=5, stop_token_ids=(7,)).sampler_params((EOS,))
+    assert (off.min_tokens_stop_ids, off.logprobs, off.prompt_logprobs, off.repetition_penalty) == ((), -1, -1, 1.0)
+    assert not off.uses_processors
+    assert SamplingParams(max_tokens=5, logprobs=6).sampler_params().logprobs == 6

@@ -26,7 +26,11 @@ if _version_not_supported:
 
 
 class ExecutorStub:
-    """Missing associated documentation comment in .proto file."""
+    """Internal: only the scheduler of this repository calls it, so names are kept rather than
+    renamed for the Buf lint (a rename touches the executor and the scheduler's engine for no
+    gain; the service name is also in every method's path).
+    buf:lint:ignore SERVICE_SUFFIX
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -52,11 +56,16 @@ class ExecutorStub:
 
 
 class ExecutorServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Internal: only the scheduler of this repository calls it, so names are kept rather than
+    renamed for the Buf lint (a rename touches the executor and the scheduler's engine for no
+    gain; the service name is also in every method's path).
+    buf:lint:ignore SERVICE_SUFFIX
+    """
 
     def Handshake(self, request, context):
         """First call of a scheduler: what the executor loaded and allocated.
         The scheduler sizes its block pool from num_blocks, never from a guess.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -65,6 +74,8 @@ class ExecutorServicer:
     def Execute(self, request_iterator, context):
         """One long-lived stream: the scheduler sends a plan per step, the executor
         answers each with one result, in order.
+        buf:lint:ignore RPC_REQUEST_STANDARD_NAME
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -104,7 +115,11 @@ def add_ExecutorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Executor:
-    """Missing associated documentation comment in .proto file."""
+    """Internal: only the scheduler of this repository calls it, so names are kept rather than
+    renamed for the Buf lint (a rename touches the executor and the scheduler's engine for no
+    gain; the service name is also in every method's path).
+    buf:lint:ignore SERVICE_SUFFIX
+    """
 
     @staticmethod
     def Handshake(request,

@@ -1,0 +1,180 @@
+"""The OpenAI-compatible HTTP API (FastAPI) on the API process's engine: the same admission
+(validation, tokenize pool, chat templates) as the gRPC servicer, errors in OpenAI's shape.
+
+Guard (pure ASGI, before any route): the body size limit, read before parsing, and the API key
+(`Authorization: Bearer <key>`, every path but /health and /metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+from fastapi import FastAPI, Request
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from scheduler_svc.api.admission import Admission
+from scheduler_svc.api.engine_client import EngineClient
+from scheduler_svc.api.http import errors
+from scheduler_svc.api.validation import check_detokenize_ids, check_prompt_size, invalid
+from scheduler_svc.core.tokenizer import Tokenizer
+from scheduler_svc.messages import RequestError
+
+# Bodies above this are parsed on a worker thread (~10 ms a MB of JSON).
+INLINE_MAX_BODY_BYTES = 256 << 10
+OPEN_PATHS = ("/health", "/metrics")
+
+
+@dataclass
+class HttpContext:
+    admission: Admission
+    tokenizer: Tokenizer
+    model_name: str
+    api_key: str = ""
+    metrics: object = None  # api.metrics.Metrics (render() -> Prometheus text)
+
+    @property
+    def engine(self) -> EngineClient:
+        return self.admission.engine
+
+    def __post_init__(self):
+        tokenizer = self.tokenizer
+        self.token_text = lru_cache(maxsize=1 << 16)(
+            lambda t: tokenizer.decode([t], skip_special_tokens=False))
+
+    def check_model(self, model: str | None) -> None:
+        if model and model != self.model_name:
+            raise errors.HttpError(404, f"the model '{model}' does not exist; this server serves "
+                                   f"'{self.model_name}' (GET /v1/models)", "model", "model_not_found")
+
+
+class Guard:
+    """Body limit and API key, in front of the app."""
+
+    def __init__(self, app, max_body_bytes: int, api_key: str):
+        self.app, self.max_body_bytes = app, max_body_bytes
+        self._expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self._expected and not scope["path"].startswith(OPEN_PATHS):
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                return await errors.error_response(
+                    401, "a valid API key is required: send the header 'Authorization: Bearer "
+                    "<api key>'", code="invalid_api_key",
+                    headers={"www-authenticate": "Bearer"})(scope, receive, send)
+        too_large = errors.error_response(
+            413, f"the request body exceeds {self.max_body_bytes} bytes", code="body_too_large")
+        try:
+            declared = int(headers.get(b"content-length", b"0"))
+        except ValueError:
+            declared = 0
+        if declared > self.max_body_bytes:
+            return await too_large(scope, receive, send)
+        chunks, size = [], 0
+        while True:  # the whole body, bounded, before any parsing
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                return await too_large(scope, receive, send)
+            if not message.get("more_body"):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # then the real one: disconnects are seen
+
+        await self.app(scope, replay, send)
+
+
+async def parse(request: Request, model: type):
+    """The body as `model`; ValidationError (answered 400) when it is not."""
+    body = await request.body()
+    if len(body) > INLINE_MAX_BODY_BYTES:
+        return await asyncio.to_thread(model.model_validate_json, body)
+    return model.model_validate_json(body)
+
+
+def build_app(ctx: HttpContext, max_body_bytes: int) -> Guard:
+    from scheduler_svc.api.http import generate, metrics_route
+    from scheduler_svc.api.http.schemas import DetokenizeRequest, TokenizeRequest
+
+    app = FastAPI(title="llmserve OpenAI-compatible API", docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.ctx = ctx
+
+    @app.exception_handler(RequestError)
+    async def _request_error(request, e: RequestError):
+        return errors.from_request_error(e)
+
+    @app.exception_handler(ValidationError)
+    async def _validation_error(request, e: ValidationError):
+        return errors.from_validation_error(e)
+
+    @app.exception_handler(errors.HttpError)
+    async def _http_error(request, e: errors.HttpError):
+        return errors.error_response(e.status, e.message, e.param, e.code)
+
+    @app.exception_handler(Exception)
+    async def _internal(request, e: Exception):
+        return errors.internal_error_response()
+
+    @app.get("/health")
+    async def health():
+        engine = ctx.engine
+        if engine.stats.executor_available and not engine.core_lost.is_set():
+            return Response(status_code=200)
+        return errors.error_response(503, "the executor is unavailable")
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(metrics_route.metrics_text(ctx.metrics), media_type=metrics_route.CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": ctx.model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "llmserve", "root": ctx.model_name,
+            "max_model_len": ctx.admission.limits.max_model_len}]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await parse(request, TokenizeRequest)
+        ctx.check_model(body.model)
+        prompt = body.to_prompt()
+        limits = ctx.admission.limits
+        check_prompt_size(prompt, ctx.admission.sizes, limits)
+        encoded = await ctx.admission.pool.encode(prompt, limits.max_model_len,
+                                                  with_tokens=body.return_token_strs)
+        if encoded.num_tokens > limits.max_model_len:
+            raise invalid(f"the input has {encoded.num_tokens} tokens; /tokenize answers up to "
+                          f"the model's context of {limits.max_model_len} tokens")
+        answer = {"count": encoded.num_tokens, "max_model_len": limits.max_model_len,
+                  "tokens": encoded.token_ids}
+        if body.return_token_strs:
+            answer["token_strs"] = encoded.tokens
+        return answer
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await parse(request, DetokenizeRequest)
+        ctx.check_model(body.model)
+        token_ids = check_detokenize_ids(body.tokens, ctx.admission.limits)
+        return {"prompt": await ctx.admission.pool.decode(token_ids, body.skip_special_tokens)}
+
+    generate.add_routes(app, ctx)
+    return Guard(app, max_body_bytes, ctx.api_key)
+

@@ -1,0 +1,94 @@
+"""Errors of the HTTP API in OpenAI's shape: {"error": {"message", "type", "param", "code"}},
+with the HTTP status that matches the API's RequestError codes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+
+from scheduler_svc.api.admission import is_overload
+from scheduler_svc.messages import RequestError
+
+log = logging.getLogger("llmserve.api")
+
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error",
+          503: "service_unavailable"}
+_FIELD = re.compile(r"^(?:the )?([a-z_]+)\b")
+_FIELDS = {"n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
+           "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
+           "repetition_penalty", "min_p", "min_tokens", "prompt", "messages", "model", "echo",
+           "suffix", "best_of", "max_completion_tokens", "tokens", "chat"}
+
+
+class HttpError(Exception):
+    """An error answered as is (status, message, param, code)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+
+def status_of(e: RequestError) -> int:
+    if e.code == "INVALID_ARGUMENT":
+        return 400
+    if e.code == "RESOURCE_EXHAUSTED":  # load (retry later) or a request too big to ever fit
+        return 429 if is_overload(e) else 400
+    if e.code == "UNAVAILABLE":
+        return 503
+    return 500
+
+
+def request_error_body(e: RequestError) -> tuple[int, dict]:
+    status = status_of(e)
+    if status == 500:  # its text is internal (e.g. the executor's exception)
+        error_id = uuid.uuid4().hex[:12]
+        log.error("request failed (error id %s): %s", error_id, e.message)
+        return status, error_body(status, f"internal error (error id {error_id})")
+    m = _FIELD.match(e.message)
+    param = m.group(1) if m and m.group(1) in _FIELDS else None
+    return status, error_body(status, e.message, param, e.code.lower())
+
+
+def from_request_error(e: RequestError) -> JSONResponse:
+    status, body = request_error_body(e)
+    return JSONResponse(body, status_code=status)
+
+
+def from_validation_error(e: ValidationError) -> JSONResponse:
+    """A body that is not JSON or does not fit the schema: 400, naming the field."""
+    errors = e.errors(include_url=False)
+    first = errors[0] if errors else {"loc": (), "msg": str(e)}
+    loc = ".".join(str(x) for x in first.get("loc", ()))
+    if first.get("type") == "json_invalid":
+        return error_response(400, f"the body is not valid JSON: {first['msg']}")
+    message = f"{loc}: {first['msg']}" if loc else first["msg"]
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more errors)"
+    return error_response(400, message, loc or None)
+
+
+def internal_error_response() -> JSONResponse:
+    error_id = uuid.uuid4().hex[:12]
+    log.exception("HTTP request failed (error id %s)", error_id)
+    return error_response(500, f"internal error (error id {error_id})")
+
+
+def sse_error(e: RequestError) -> str:
+    """An error inside an event stream (the status line has gone already)."""
+    return f"data: {json.dumps(request_error_body(e)[1])}\n\n"

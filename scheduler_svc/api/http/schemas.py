@@ -1,0 +1,168 @@
+"""Request bodies of the OpenAI-compatible HTTP API (pydantic), and their conversion to the
+API's own RawParams and prompts. Unknown fields are ignored (OpenAI's SDK sends some)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from scheduler_svc.api.prompts import ChatPrompt, TextPrompt, TokenIdsPrompt
+from scheduler_svc.api.validation import RawParams, invalid
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    """Fields both generation endpoints share (OpenAI's, then vLLM's extras)."""
+
+    model: str | None = None
+    n: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    return_token_ids: bool = False  # each choice also carries its token ids ("token_ids")
+
+    def raw_params(self, max_tokens: int | None, logprobs: bool, top_logprobs: int) -> RawParams:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        try:
+            bias = {int(k): v for k, v in (self.logit_bias or {}).items()}
+        except ValueError:
+            raise invalid("logit_bias keys must be token ids (integers as strings)") from None
+        top_k = self.top_k or 0
+        return RawParams(
+            max_tokens=max_tokens, temperature=self.temperature,
+            top_k=0 if top_k == -1 else top_k,  # vLLM's -1 = off, ours 0
+            top_p=self.top_p, seed=self.seed, stop=stop, stop_token_ids=self.stop_token_ids or [],
+            ignore_eos=self.ignore_eos, include_stop_str_in_output=self.include_stop_str_in_output,
+            n=self.n, logprobs=logprobs, top_logprobs=top_logprobs,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=self.repetition_penalty, min_p=self.min_p or 0.0,
+            logit_bias=bias, min_tokens=self.min_tokens,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def to_prompt(self):
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise invalid(f"prompt has {len(p)} prompts; this server completes one prompt "
+                              "per request")
+            p = p[0]
+        if isinstance(p, str):
+            return TextPrompt(p)
+        return TokenIdsPrompt(p)
+
+    def to_raw(self) -> RawParams:
+        if self.echo:
+            raise invalid("echo is not supported")
+        if self.suffix:
+            raise invalid("suffix is not supported")
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise invalid("best_of must equal n (best_of sampling is not supported)")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise invalid(f"logprobs={self.logprobs} must be >= 0")
+        return self.raw_params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
+
+
+class ContentPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class _Turn:
+    """A chat turn as the prompts module reads it (role and content strings)."""
+
+    __slots__ = ("role", "content")
+
+    def __init__(self, role: str, content: str):
+        self.role, self.content = role, content
+
+
+def chat_prompt(messages: list[ChatMessage], add_generation_prompt: bool) -> ChatPrompt:
+    return ChatPrompt([_Turn(m.role, m.text) for m in messages], add_generation_prompt)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True  # vLLM's extra
+
+    def to_prompt(self) -> ChatPrompt:
+        return chat_prompt(self.messages, self.add_generation_prompt)
+
+    def to_raw(self) -> RawParams:
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
+        return self.raw_params(max_tokens, self.logprobs, self.top_logprobs or 0)
+
+
+class TokenizeRequest(_Body):
+    """vLLM's /tokenize: a text prompt or chat messages."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    def to_prompt(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise invalid("send exactly one of prompt and messages")
+        if self.messages is not None:
+            return chat_prompt(self.messages, self.add_generation_prompt)
+        return TextPrompt(self.prompt, add_special_tokens=self.add_special_tokens)
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int] = Field(default_factory=list)
+    skip_special_tokens: bool = True

@@ -1,0 +1,126 @@
+"""EngineClient's side of parallel sampling: one AddRequest for n samples, their outputs merged
+into one stream with each sample's index, folded per sample (logprobs aligned with tokens),
+and every live sample aborted when the caller leaves early. The core is faked by feeding
+outputs to the client as its reader would."""
+
+import asyncio
+
+import pytest
+
+from scheduler_svc.api.engine_client import EngineClient, _merge_ready
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.core.outputs import RequestOutput
+from scheduler_svc.core.request import FinishReason, SamplingParams
+from scheduler_svc.messages import AbortRequest, AddRequest, RequestError
+
+
+class FakeChannel:
+    def __init__(self):
+        self.sent = []
+
+    def send_nowait(self, msg):
+        self.sent.append(msg)
+
+    async def drain(self):
+        pass
+
+
+def client(**config) -> tuple[EngineClient, FakeChannel]:
+    c = EngineClient(SchedulerConfig(**config))
+    c._channel = FakeChannel()
+    return c, c._channel
+
+
+def out(req_id, token, finished=False, logprob=None, prompt=None):
+    return RequestOutput(req_id, [token], chr(ord("a") + token), FinishReason.LENGTH if finished else None,
+                         "", 3, 1, None if logprob is None else [(token, logprob, 1, [], [])], prompt)
+
+
+async def _take(agen, num):
+    return [await agen.__anext__() for _ in range(num)]
+
+
+def test_n_samples_share_one_add_and_stream_with_their_index():
+    async def main():
+        c, ch = client()
+        gen = c.generate([1, 2, 3], SamplingParams(max_tokens=2, n=2))
+        first = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0)
+        (add,) = ch.sent
+        assert isinstance(add, AddRequest) and add.req_id == 1 and c.num_requests == 2
+        c._deliver(2, out(2, 5, logprob=-0.5))
+        c._deliver(1, out(1, 4, logprob=-0.25, prompt=[(1, None, 0, [], [])]))
+        c._deliver(2, out(2, 6, finished=True, logprob=-1.0))  # folded with its earlier output
+        msg = await first
+        rest = await _take(gen, 1)
+        got = [(m.index, m.new_token_ids, m.new_text, m.logprobs and [e[1] for e in m.logprobs],
+                m.prompt_logprobs is not None, m.finished) for m in [msg] + rest]
+        assert got == [(1, [5, 6], "fg", [-0.5, -1.0], False, True), (0, [4], "e", [-0.25], True, False)]
+        c._deliver(1, out(1, 7, finished=True))
+        (last,) = await _take(gen, 1)
+        assert (last.index, last.finished) == (0, True)
+        with pytest.raises(StopAsyncIteration):
+            await gen.__anext__()
+        assert c.num_requests == 0 and len(ch.sent) == 1  # all finished: nothing to abort
+        # the next request's ids come after the samples'
+        gen = c.generate([1], SamplingParams(max_tokens=1))
+        task = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0)
+        assert ch.sent[-1].req_id == 3
+        task.cancel()
+    asyncio.run(main())
+
+
+def test_leaving_early_aborts_every_sample_still_running():
+    async def main():
+        c, ch = client()
+        gen = c.generate([1, 2, 3], SamplingParams(max_tokens=5, n=3))
+        task = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0)
+        c._deliver(2, out(2, 5, finished=True))
+        await task
+        await gen.aclose()
+        assert [m.req_id for m in ch.sent if isinstance(m, AbortRequest)] == [1, 3]
+        assert c.num_requests == 0
+    asyncio.run(main())
+
+
+def test_an_error_of_one_sample_ends_the_call_and_aborts_the_others():
+    async def main():
+        c, ch = client()
+        gen = c.generate([1, 2, 3], SamplingParams(max_tokens=5, n=2))
+        task = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0)
+        c._deliver(2, RequestError("INTERNAL", "boom"))
+        with pytest.raises(RequestError):
+            await task
+        assert sorted(m.req_id for m in ch.sent if isinstance(m, AbortRequest)) == [1, 2]
+    asyncio.run(main())
+
+
+def test_stream_interval_holds_each_sample_on_its_own():
+    async def main():
+        c, _ = client(stream_interval=2)
+        gen = c.generate([1], SamplingParams(max_tokens=4, n=2))
+        task = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0)
+        c._deliver(1, out(1, 4))
+        c._deliver(2, out(2, 5))
+        await asyncio.sleep(0)
+        assert not task.done()  # one token each: below the interval
+        c._deliver(2, out(2, 6))
+        msg = await task
+        assert (msg.index, msg.new_token_ids) == (1, [5, 6])
+        await gen.aclose()
+    asyncio.run(main())
+
+
+def test_merge_ready_folds_per_sample_in_first_seen_order():
+    q: asyncio.Queue = asyncio.Queue()
+    for o in [out(2, 1, logprob=-1.0), out(1, 2), out(2, 3, logprob=-3.0)]:
+        q.put_nowait(o)
+    merged = _merge_ready(out(1, 0), q)
+    assert [(m.req_id, m.new_token_ids, m.logprobs) for m in merged] == [
+        (1, [0, 2], None), (2, [1, 3], [(1, -1.0, 1, [], []), (3, -3.0, 1, [], [])])]
+    q.put_nowait(RequestError("INTERNAL", "x"))
+    assert isinstance(_merge_ready(out(1, 0), q), RequestError)
