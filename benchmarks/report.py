@@ -91,7 +91,7 @@ def _w2ab_rows(w2ab: dict) -> list[tuple[str, str, str]]:
                   f"median {new:,.0f} vs {old:,.0f} tok/s over {len(runs['new'])}/{len(runs['old'])} runs (target >= -2%)"))
     feat = next((x for x in rows if "logprobs5" in x), None)
     if feat:
-        base = statistics.median(runs["new"])
+        base = feat["off_median"]  # the same process's runs with the features off
         for key, name in (("logprobs5", "logprobs top-5"), ("penalties", "3 penalties")):
             r.append((f"W2 in-process, {name} on every request", f"{feat[key + '_median'] / base - 1:+.1%}",
                       f"{feat[key + '_median']:,.0f} tok/s vs {base:,.0f} off"))

@@ -194,3 +194,22 @@ def test_prompt_logprobs_across_chunks(model_dirs, hf_models):
             assert top_lps == pytest.approx(expected[pos - 1].topk(k).values.tolist(), abs=1e-4)
             positions.append(pos)
     assert positions == list(range(1, len(prompt)))
+
+
+SINGLE = {
+    "presence_penalty": SamplerParams(presence_penalty=1.5),
+    "frequency_penalty": SamplerParams(frequency_penalty=0.8),
+    "repetition_penalty": SamplerParams(repetition_penalty=2.0),
+    "negative_repetition_penalty_side": SamplerParams(repetition_penalty=0.5),
+    "logit_bias": SamplerParams(logit_bias=((250, 4.0), (17, -100.0))),
+    "min_p": SamplerParams(temperature=1.5, seed=11, min_p=0.3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SINGLE))
+def test_each_processor_alone_matches_reference(model_dirs, hf_models, name):
+    hf, s = hf_models[ARCH], SINGLE[name]
+    got, _ = run(make_runner(model_dirs[ARCH]), {1: s})
+    assert got[1] == reference_tokens(hf, PROMPTS[1], s, NUM_STEPS)
+    plain = SamplerParams(temperature=s.temperature, seed=s.seed)
+    assert got[1] != reference_tokens(hf, PROMPTS[1], plain, NUM_STEPS), "the processor changed nothing"
