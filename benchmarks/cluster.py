@@ -85,10 +85,10 @@ class Cluster:
     def logs(self) -> str:
         return "\n".join(f"--- {f.name}\n{Path(f.name).read_text()[-4000:]}" for f in self._logs)
 
-    def status(self) -> pb.ServerStatus:
+    def status(self) -> pb.GetServerStatusResponse:
         return self.stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=10)
 
-    def wait_idle(self, timeout: float = 10) -> pb.ServerStatus:
+    def wait_idle(self, timeout: float = 10) -> pb.GetServerStatusResponse:
         """Status once no request runs or waits and every block is back in the pool."""
         deadline = time.monotonic() + timeout
         while True:

@@ -48,7 +48,8 @@ class ProcessorTables:
 def apply_processors(logits: torch.Tensor, p: ProcessorParams, t: ProcessorTables,
                      out: torch.Tensor | None = None) -> torch.Tensor:
     """logits [R, V] (any float dtype) -> processed float32 [R, V] (into `out` if given)."""
-    x = logits.float() if out is None else out.copy_(logits)
+    # a copy: the raw logits stay as they were (logprobs are computed from them afterwards)
+    x = logits.to(torch.float32, copy=True) if out is None else out.copy_(logits)
     rows = p.rows
     x.scatter_add_(1, t.bias_ids[rows], t.bias_values[rows])
     stop = t.stop_ids[rows]  # [R, K]

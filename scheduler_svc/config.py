@@ -79,8 +79,9 @@ class SchedulerConfig:
     log_level: str = "INFO"
     # Seconds between the engine core's stats lines (throughput, load, KV usage); 0 = off.
     log_stats_interval: float = 10.0
-    # One INFO line per finished request (tokens, TTFT, total time, finish reason).
-    log_requests: bool = True
+    # One INFO line per finished request (tokens, TTFT, total time, finish reason); off by
+    # default, as in vLLM (--enable-log-requests there).
+    log_requests: bool = False
 
 
 def _env(name: str, default):
@@ -151,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between the engine core's stats lines (only after activity); 0 = off")
     p.add_argument("--log-requests", action=argparse.BooleanOptionalAction,
                    default=_env("LOG_REQUESTS", d.log_requests),
-                   help="log one INFO line per finished request (default on)")
+                   help="log one INFO line per finished request (default off, as vLLM's)")
     return p
 
 

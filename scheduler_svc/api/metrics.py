@@ -21,6 +21,7 @@ from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import FinishReason
 
 log = logging.getLogger("llmserve.requests")
+_serve_log = logging.getLogger("llmserve.metrics")
 metrics_content_type = CONTENT_TYPE_LATEST  # the Content-Type of render()'s bytes
 P = "llmserve:"
 
@@ -64,7 +65,7 @@ class Metrics:
     """The API process's metrics: bind() once the executor is known, then the engine client's
     hooks (arrived, scheduled, output, ended) feed it."""
 
-    def __init__(self, log_requests: bool = True):
+    def __init__(self, log_requests: bool = False):
         self.registry = CollectorRegistry(auto_describe=False)
         self.log_requests = log_requests
         self._requests: dict[int, _Req] = {}
@@ -118,7 +119,7 @@ class Metrics:
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
         """Serves render()'s text at http://host:port/metrics (a daemon thread, not the loop)."""
         start_http_server(port, addr=host, registry=self.registry)
-        log.info("serving Prometheus metrics on http://%s:%d/metrics", host, port)
+        _serve_log.info("serving Prometheus metrics on http://%s:%d/metrics", host, port)
 
     # -- the engine client's hooks -------------------------------------------------------
 

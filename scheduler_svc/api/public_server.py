@@ -34,7 +34,7 @@ def build_public_server(config: SchedulerConfig, engine: EngineClient, pool: Tok
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         # gRPC core sheds load silently: with more than 1,000 calls waiting for the application
         # to pick them up (a burst of new streams) it cancels new ones at random (CANCELLED, no
-        # log). Admission is ours instead (servicer._check_capacity: an explicit, logged
+        # log). Admission is ours instead (admission.Admission.check_capacity: an explicit, logged
         # RESOURCE_EXHAUSTED), so the core may queue far more.
         ("grpc.server.max_pending_requests", PENDING_CALLS),
         ("grpc.server.max_pending_requests_hard_limit", 2 * PENDING_CALLS),

@@ -250,10 +250,10 @@ def _logprobs(raw: RawParams, limits: Limits) -> tuple[int | None, int | None]:
         raise invalid(f"top_logprobs={raw.top_logprobs} needs logprobs: set logprobs to true")
     if not 0 <= raw.top_logprobs <= most:
         raise invalid(f"top_logprobs={raw.top_logprobs}: the server returns 0 to {most} "
-                      "alternatives per position (ModelInfo.max_logprobs)")
+                      "alternatives per position (GetModelInfoResponse.max_logprobs)")
     if raw.prompt_logprobs is not None and not 0 <= raw.prompt_logprobs <= most:
         raise invalid(f"prompt_logprobs={raw.prompt_logprobs}: the server returns 0 to {most} "
-                      "alternatives per position (ModelInfo.max_logprobs)")
+                      "alternatives per position (GetModelInfoResponse.max_logprobs)")
     return (raw.top_logprobs if raw.logprobs else None), raw.prompt_logprobs
 
 
@@ -274,7 +274,7 @@ def _penalties(raw: RawParams) -> dict[str, float]:
 def _logit_bias(bias: Mapping[int, float], limits: Limits) -> tuple[tuple[int, float], ...]:
     if len(bias) > limits.max_logit_bias:  # before looking at any entry
         raise invalid(f"logit_bias has {len(bias)} entries; the limit is {limits.max_logit_bias} "
-                      "(ModelInfo.max_logit_bias)")
+                      "(GetModelInfoResponse.max_logit_bias)")
     items = sorted(bias.items())
     bad = [t for t, _ in items if not 0 <= t < limits.vocab_size]
     if bad:

@@ -144,7 +144,10 @@ def test_penalty_counts_survive_preemption(model_dirs, hf_models):
 def test_logprobs_equal_log_softmax_of_transformers_logits(model_dirs, hf_models, graphs):
     hf = hf_models[ARCH]
     k = 5
-    params = {1: SamplerParams(logprobs=k), 2: SamplerParams(temperature=1.0, seed=3, logprobs=0),
+    # request 2 also has processors: its logprobs stay raw (before bias and penalties)
+    params = {1: SamplerParams(logprobs=k),
+              2: SamplerParams(temperature=1.0, seed=3, logprobs=0, logit_bias=((40, 5.0),),
+                               repetition_penalty=1.5),
               4: SamplerParams()}
     runner = graph_runner(model_dirs[ARCH]) if graphs else make_runner(model_dirs[ARCH])
     got, outs = run(runner, params, steps=6)

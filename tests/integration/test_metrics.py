@@ -12,6 +12,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.cluster import free_port, generate
+from protos.llmserve.v1 import llmserve_pb2 as pb
 from tests.integration.conftest import start_cluster
 
 PROMPTS = [[(5 * i + 3 * j) % 300 + 3 for j in range(n)] for i, n in enumerate([4, 9, 17, 30, 12, 6])]
@@ -35,7 +36,7 @@ def _total(samples: dict, name: str) -> float:
 def test_metrics_match_the_requests_sent_and_logs_are_written(model_dirs, tmp_path_factory):
     port = free_port()
     cluster = start_cluster(tmp_path_factory, model_dirs["llama"], "metrics", (),
-                            ["--metrics-port", str(port), "--log-stats-interval", "0.5"])
+                            ["--metrics-port", str(port), "--log-stats-interval", "0.5", "--log-requests"])
     try:
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
             futures = [pool.submit(generate, cluster.stub, prompt_ids=p, max_tokens=m, temperature=0.0,
@@ -72,6 +73,15 @@ def test_metrics_match_the_requests_sent_and_logs_are_written(model_dirs, tmp_pa
         assert _total(s, "llmserve:executor_step_time_seconds_count") == steps
         assert _total(s, "llmserve:executor_busy_seconds_total") > 0
         assert _total(s, "llmserve:prefix_cache_queries_total") == prompt
+        call = cluster.stub.Generate(pb.GenerateRequest(
+            token_ids=pb.TokenIds(ids=[5, 6, 7]), params=pb.SamplingParams(max_tokens=500, ignore_eos=True)))
+        next(call)  # its first token came: cancel it
+        call.cancel()
+        cluster.wait_idle()
+        a = _scrape(port)
+        by_reason = {labels["finished_reason"]: v for labels, v in a["llmserve:request_success_total"]}
+        assert by_reason["abort"] == 1 and _total(a, "llmserve:request_success_total") == n + 1
+        assert _total(a, "llmserve:e2e_request_latency_seconds_count") == n + 1
         time.sleep(1.2)  # a stats line is due
         executor_log, scheduler_log = (Path(f.name).read_text() for f in cluster._logs)
     finally:

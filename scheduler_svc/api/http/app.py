@@ -6,49 +6,20 @@ Guard (pure ASGI, before any route): the body size limit, read before parsing, a
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import time
-from dataclasses import dataclass
-from functools import lru_cache
 
 from fastapi import FastAPI, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from scheduler_svc.api.admission import Admission
-from scheduler_svc.api.engine_client import EngineClient
-from scheduler_svc.api.http import errors
+from scheduler_svc.api.http import errors, generate, metrics_route
+from scheduler_svc.api.http.context import HttpContext, parse
+from scheduler_svc.api.http.schemas import DetokenizeRequest, TokenizeRequest
 from scheduler_svc.api.validation import check_detokenize_ids, check_prompt_size, invalid
-from scheduler_svc.core.tokenizer import Tokenizer
 from scheduler_svc.messages import RequestError
 
-# Bodies above this are parsed on a worker thread (~10 ms a MB of JSON).
-INLINE_MAX_BODY_BYTES = 256 << 10
 OPEN_PATHS = ("/health", "/metrics")
-
-
-@dataclass
-class HttpContext:
-    admission: Admission
-    tokenizer: Tokenizer
-    model_name: str
-    api_key: str = ""
-    metrics: object = None  # api.metrics.Metrics (render() -> Prometheus text)
-
-    @property
-    def engine(self) -> EngineClient:
-        return self.admission.engine
-
-    def __post_init__(self):
-        tokenizer = self.tokenizer
-        self.token_text = lru_cache(maxsize=1 << 16)(
-            lambda t: tokenizer.decode([t], skip_special_tokens=False))
-
-    def check_model(self, model: str | None) -> None:
-        if model and model != self.model_name:
-            raise errors.HttpError(404, f"the model '{model}' does not exist; this server serves "
-                                   f"'{self.model_name}' (GET /v1/models)", "model", "model_not_found")
 
 
 class Guard:
@@ -100,18 +71,7 @@ class Guard:
         await self.app(scope, replay, send)
 
 
-async def parse(request: Request, model: type):
-    """The body as `model`; ValidationError (answered 400) when it is not."""
-    body = await request.body()
-    if len(body) > INLINE_MAX_BODY_BYTES:
-        return await asyncio.to_thread(model.model_validate_json, body)
-    return model.model_validate_json(body)
-
-
 def build_app(ctx: HttpContext, max_body_bytes: int) -> Guard:
-    from scheduler_svc.api.http import generate, metrics_route
-    from scheduler_svc.api.http.schemas import DetokenizeRequest, TokenizeRequest
-
     app = FastAPI(title="llmserve OpenAI-compatible API", docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.ctx = ctx

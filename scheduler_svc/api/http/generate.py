@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from scheduler_svc.api.http import errors
-from scheduler_svc.api.http.app import HttpContext, parse
+from scheduler_svc.api.http.context import HttpContext, parse
 from scheduler_svc.api.http.schemas import ChatCompletionRequest, CompletionRequest
 from scheduler_svc.core.request import FinishReason
 from scheduler_svc.messages import RequestError

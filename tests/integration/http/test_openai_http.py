@@ -2,11 +2,11 @@
 driven with the official `openai` package; compared with the gRPC API on the same engine."""
 
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
 
-import grpc
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -206,3 +206,42 @@ def test_tokenize_detokenize_round_trip(cluster):
     assert status == 200 and chat["count"] > 0
     status, err = _post(cluster, "/detokenize", {"tokens": [10 ** 9]})
     assert status == 400 and "vocabulary" in err["error"]["message"]
+
+
+def test_chat_n2_with_top_logprobs_and_stop(client, model_name):
+    r = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "count"}], n=2, max_tokens=4,
+        temperature=0.8, seed=3, logprobs=True, top_logprobs=2, stop=["\n\n\n"],
+        extra_body={"ignore_eos": True, "top_k": 20, "min_p": 0.01, "repetition_penalty": 1.1})
+    assert [c.index for c in r.choices] == [0, 1]
+    for c in r.choices:
+        assert c.message.role == "assistant" and len(c.logprobs.content) == 4
+        assert all(len(t.top_logprobs) == 2 for t in c.logprobs.content)
+    assert r.usage.completion_tokens == 8 and r.usage.total_tokens == r.usage.prompt_tokens + 8
+
+
+def test_oversized_body_is_413_before_reading_it(cluster):
+    host, port = cluster.http_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:  # headers only
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"authorization: Bearer " + API_KEY.encode() + b"\r\ncontent-length: 1000000000\r\n\r\n")
+        answer = b""
+        while b"}}" not in answer:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        answer = answer.decode()
+    assert answer.startswith("HTTP/1.1 413") and "body_too_large" in answer
+
+
+def test_resource_exhausted_is_429_for_load_and_400_for_size():
+    from scheduler_svc.api.admission import Overloaded
+    from scheduler_svc.api.http.errors import status_of
+    from scheduler_svc.messages import RequestError
+
+    assert status_of(Overloaded("the server is full (...); retry later")) == 429
+    assert status_of(RequestError("RESOURCE_EXHAUSTED", "3 prompts are already waiting to be "
+                                  "tokenized; retry later")) == 429
+    assert status_of(RequestError("RESOURCE_EXHAUSTED", "the request needs up to 9 KV blocks")) == 400
+    assert status_of(RequestError("UNAVAILABLE", "the engine core process is gone")) == 503

@@ -170,7 +170,7 @@ def test_streams_nobody_reads_are_aborted_and_free_their_slots(cluster):
 
 
 def _llmserve(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "llmserve", *args], cwd=ROOT, env=ENV,
+    return subprocess.Popen([sys.executable, "-m", "llmserve", "--http-port", "0", *args], cwd=ROOT, env=ENV,
                             stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
