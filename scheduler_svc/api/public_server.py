@@ -38,6 +38,7 @@ def build_public_server(config: SchedulerConfig, engine: EngineClient, pool: Tok
         # RESOURCE_EXHAUSTED), so the core may queue far more.
         ("grpc.server.max_pending_requests", PENDING_CALLS),
         ("grpc.server.max_pending_requests_hard_limit", 2 * PENDING_CALLS),
+        ("grpc.so_reuseport", 1),  # binds beside the starting server (starting_server.py)
     ]
     interceptors = [BearerTokenInterceptor(config.api_key, API_KEY_HINT)] if config.api_key else []
     server = grpc.aio.server(options=options, interceptors=interceptors)

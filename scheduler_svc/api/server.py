@@ -14,6 +14,7 @@ from scheduler_svc.api.engine_client import CoreStartError, EngineClient
 from scheduler_svc.api.metrics import Metrics
 from scheduler_svc.api.public_server import build_public_server
 from scheduler_svc.api.security import server_credentials
+from scheduler_svc.api.starting_server import start_starting_server
 from scheduler_svc.api.tokenize_pool import TokenizePool
 from scheduler_svc.config import SchedulerConfig, from_args
 from scheduler_svc.core.tokenizer import Tokenizer
@@ -32,10 +33,18 @@ async def serve(config: SchedulerConfig) -> bool:
     credentials = server_credentials(config.ssl_certfile, config.ssl_keyfile, config.ssl_ca_certs)
     metrics = Metrics(log_requests=config.log_requests)  # the one registry of this process
     engine = EngineClient(config, metrics)
+    starting = await start_starting_server(config.host, config.port, credentials)
     log.info("waiting for the executor at %s", config.executor_address)
-    info = await _start_unless_stopped(engine, stop)
+    try:
+        info = await _start_unless_stopped(engine, stop)
+    except BaseException:
+        if starting is not None:
+            await starting.stop(None)
+        raise
     if info is None:
         log.info("stopped during start-up")
+        if starting is not None:
+            await starting.stop(None)
         return True
     log.info("executor ready: model %s, %d KV blocks of %d tokens, max_model_len %d, graphs %s",
              info.model_name, info.num_blocks, info.block_size, info.max_model_len,
@@ -46,7 +55,9 @@ async def serve(config: SchedulerConfig) -> bool:
     pool = TokenizePool(tokenizer, config.tokenizer_pool_size, max_pending=config.max_waiting)
     server, health_servicer = build_public_server(config, engine, pool, credentials)
     address = f"{config.host}:{config.port}"
-    await server.start()
+    await server.start()  # beside the starting server (SO_REUSEPORT), which goes now
+    if starting is not None:
+        await starting.stop(None)
     watch = asyncio.create_task(_follow_executor_health(engine, health_servicer))
     if config.metrics_port:
         metrics.serve(config.metrics_port)
