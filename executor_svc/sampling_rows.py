@@ -63,11 +63,11 @@ class SamplingRows:
             t.counts[row].zero_()
             generated = ids[prompt_len:]  # tokens generated before a preemption
             if len(generated):
-                t.counts[row].index_add_(0, _to_device(generated, self.device),
+                t.counts[row].index_add_(0, to_device(generated, self.device),
                                          torch.ones(len(generated), dtype=torch.int32, device=self.device))
             t.prompt_mask[row].zero_()
             if s.repetition_penalty != 1.0:
-                t.prompt_mask[row].index_fill_(0, _to_device(np.unique(ids[:prompt_len]), self.device), True)
+                t.prompt_mask[row].index_fill_(0, to_device(np.unique(ids[:prompt_len]), self.device), True)
 
 
 def _set_padded(dst: torch.Tensor, values: list, pad, dtype: torch.dtype) -> None:
@@ -78,7 +78,8 @@ def _set_padded(dst: torch.Tensor, values: list, pad, dtype: torch.dtype) -> Non
     dst.copy_(_stage(host, dst.device), non_blocking=True)
 
 
-def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A numpy array on `device`, copied non-blocking through pinned staging on CUDA."""
     return _stage(torch.from_numpy(np.ascontiguousarray(a)), device).to(device, non_blocking=True)
 
 

@@ -3,10 +3,10 @@ into pinned host tensors when the step is launched, read as lists when it is fin
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from executor_svc.logits_processors import LogprobsOut, compute_logprobs
+from executor_svc.sampling_rows import to_device
 from executor_svc.step_inputs import PromptLogprobRows
 from step_protocol.domain import Logprobs, PromptLogprobs
 
@@ -45,8 +45,8 @@ def prompt_logprobs(compute_logits, hidden: torch.Tensor, rows: PromptLogprobRow
     """Logprobs of the prompt positions in `rows`: the logits of their predicting tokens'
     hidden states ([T, H] of the step), PROMPT_CHUNK positions at a time."""
     device = hidden.device
-    indices = _to_device(rows.token_indices, device)
-    targets = _to_device(rows.target_ids, device)
+    indices = to_device(rows.token_indices, device)
+    targets = to_device(rows.target_ids, device)
     parts = []
     for i in range(0, len(rows.target_ids), PROMPT_CHUNK):
         logits = compute_logits(hidden[indices[i:i + PROMPT_CHUNK]])
@@ -62,10 +62,3 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     return host
-
-
-def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(a))
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
