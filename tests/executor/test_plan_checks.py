@@ -44,6 +44,21 @@ BAD_PLANS = {
     "top_p > 1": (plan([new(params=SamplerParams(top_p=1.5))]), "top_p 1.5"),
     "top_p nan": (plan([new(params=SamplerParams(top_p=math.nan))]), "top_p nan"),
     "top_k < 0": (plan([new(params=SamplerParams(top_k=-1))]), "top_k -1"),
+    "presence nan": (plan([new(params=SamplerParams(presence_penalty=math.nan))]), "presence_penalty nan"),
+    "frequency inf": (plan([new(params=SamplerParams(frequency_penalty=math.inf))]), "frequency_penalty inf"),
+    "repetition 0": (plan([new(params=SamplerParams(repetition_penalty=0.0))]), "repetition_penalty 0.0"),
+    "min_p > 1": (plan([new(params=SamplerParams(min_p=1.5))]), "min_p 1.5"),
+    "bias id past vocab": (plan([new(params=SamplerParams(logit_bias=((512, 1.0),)))]), "logit_bias token ids"),
+    "bias id twice": (plan([new(params=SamplerParams(logit_bias=((5, 1.0), (5, 2.0))))]), "logit_bias token ids"),
+    "bias nan": (plan([new(params=SamplerParams(logit_bias=((5, math.nan),)))]), "logit_bias value"),
+    "too many biases": (plan([new(params=SamplerParams(logit_bias=tuple((i, 1.0) for i in range(301))))]),
+                        "301 logit_bias entries > 300"),
+    "stop id past vocab": (plan([new(params=SamplerParams(min_tokens=2, min_tokens_stop_ids=(600,)))]),
+                           "min_tokens_stop_ids outside"),
+    "logprobs > max": (plan([new(params=SamplerParams(logprobs=21))]), "logprobs 21"),
+    "prompt_logprobs < -1": (plan([new(params=SamplerParams(prompt_logprobs=-2))]), "prompt_logprobs -2"),
+    "prompt longer than tokens": (plan([NewRequestData(3, PROMPT_B, GREEDY, [9, 10], 0, 10, num_prompt_tokens=11)]),
+                                  "num_prompt_tokens 11"),
     "unknown cached id": (plan(cached=decode_rows([1, 42]), finished=[2]), "cached request 42 is not running"),
     "cached id twice": (plan(cached=decode_rows([1, 1])), "request 1 is scheduled twice"),
     "new and cached": (plan([new(req_id=1, blocks=(9,))], decode_rows([1])), "request 1 is scheduled twice"),
@@ -78,6 +93,8 @@ def _state(runner) -> dict:
     b = runner.batch
     arrays = {name: getattr(b, name).copy() for name in
               ("block_table", "num_blocks", "num_computed", "num_known", "temperature", "top_k", "top_p", "seed")}
+    arrays.update({f"sampling.{name}": getattr(b.sampling, name).copy() for name in
+                   ("min_p", "presence", "frequency", "repetition", "min_pos", "logprobs", "prompt_logprobs")})
     rows = {r: (s.row, s.token_ids.tolist()) for r, s in b.requests.items()}
     kv = [t.clone() for pair in runner.kv_caches for t in pair]
     return dict(arrays=arrays, rows=rows, free=list(b.free_rows), last=b.last_sampled_gpu.clone(), kv=kv)
