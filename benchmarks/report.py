@@ -33,7 +33,7 @@ def rows(out_dir: Path) -> list[tuple[str, str, str]]:
                   f"graph {_fmt(g, ' ms', 3)} (dev {_fmt(row['graph_device_ms'], '', 3)})",
                   f"{g / f:.2f}x floor {f:.3f} ms; eager {e:.3f} ms = {e / g:.1f}x graph"))
     hf = peers.get("w1", {})
-    for key, label in (("overlap_on", "on"), ("overlap_off", "off")):
+    for key, label in (("overlap_on", "on"), ("before", "as before issue 12"), ("overlap_off", "off")):
         w1 = full.get(key, {}).get("w1")
         if w1:
             cmp = f"{w1['tpot_ms'] / floor1:.2f}x floor" if floor1 else ""
@@ -51,21 +51,23 @@ def rows(out_dir: Path) -> list[tuple[str, str, str]]:
         r.append(("W3 tok/s full system", _fmt(w3["tok_s"], "", 0),
                   f"{ratio}; HF CB {_fmt(cb[0], '', 0)} / graphs {_fmt(cb[1], '', 0)} (target 10x)"))
     inproc = w4.get("inproc_w2_overlap1", {}).get("tok_s")
-    for key, label in (("overlap_on", "on"), ("overlap_off", "off")):
+    for key, label in (("overlap_on", "on"), ("before", "as before issue 12"), ("overlap_off", "off")):
         w2 = full.get(key, {}).get("w2")
         if w2:
             cmp = f"{w2['tok_s'] / inproc:.0%} of in-process" if inproc else ""
             r.append((f"W2 tok/s full system, overlap {label}", _fmt(w2["tok_s"], "", 0),
-                      f"{cmp}; GPU busy {w2['busy']:.0%} (targets 40k, 95%, 95%)"))
+                      f"{cmp}; GPU busy {w2['busy']:.0%} (targets 50k, 95%, 95%)"))
+    r += _timing_rows(full)
     for key in ("inproc_w2_overlap1", "inproc_w2_overlap0"):
         if key in w4:
             r.append((f"W2 tok/s in-process, overlap {key[-1]}", _fmt(w4[key]["tok_s"], "", 0),
                       f"GPU busy {w4[key]['busy']:.0%}"))
-    for total, target in (("128", 26), ("512", 35), ("2048", 45)):
-        row = w5.get(f"total{total}")
-        if row:
-            r.append((f"W5 llama2-7b {total} tokens/request", f"{row['graph']:.1f} req/s graph",
-                      f"eager {row['eager']:.1f} req/s: {row['gain']:+.0%} (target +{target}%)"))
+    for suffix, what in (("_c16", "16 requests"), ("", "saturation")):
+        for total, target in (("128", 26), ("512", 35), ("2048", 45)):
+            row = w5.get(f"total{total}{suffix}")
+            if row:
+                r.append((f"W5 llama2-7b {total} tokens/request, {what}", f"{row['graph']:.1f} req/s graph",
+                          f"eager {row['eager']:.1f} req/s: {row['gain']:+.0%} (article +{target}%)"))
     r += _smol_rows(_load(out_dir, "smol"))
     w7 = _load(out_dir, "w7")
     for mode in ("caching_on", "caching_off"):
@@ -77,6 +79,35 @@ def rows(out_dir: Path) -> list[tuple[str, str, str]]:
     if w7.get("ttft_p50_speedup"):
         r.append(("W7 TTFT p50 off / on", f"{w7['ttft_p50_speedup']:.1f}x", "targets: hit rate >= 85%, >= 4x"))
     r += _w2ab_rows(_load(out_dir, "w2ab"))
+    r += _w6_rows(_load(out_dir, "w6"))
+    return r
+
+
+def _timing_rows(full: dict) -> list[tuple[str, str, str]]:
+    """Where a step's time went (µs per step, both sides of the step stream), W1 and W2."""
+    r = []
+    for key, label in (("overlap_on", "now"), ("before", "before")):
+        for name in ("w1", "w2"):
+            p = full.get(key, {}).get(name, {}).get("per_step")
+            if p:
+                r.append((f"{name.upper()} per step ({label}): device / idle", f"{p['device_us']:.0f} / {p['device_idle_us']:.0f} us",
+                          f"executor queued {p['executor_queued_us']:.0f}, launch {p['executor_launch_us']:.0f}; "
+                          f"scheduler schedule {p['schedule_us']:.0f}, apply {p['apply_us']:.0f}, "
+                          f"wait {p['result_wait_us']:.0f} us"))
+    return r
+
+
+def _w6_rows(w6: dict) -> list[tuple[str, str, str]]:
+    """W6 serving benchmark: one row per arrival rate (benchmarks/serving.py)."""
+    r = []
+    for x in w6.get("rates", []):
+        rate = "burst" if x["rate"] == float("inf") else f"{x['rate']:g} req/s"
+        failed = f"; {x['failed']} failed" if x["failed"] else ""
+        r.append((f"W6 serving, {rate}, {x['num_requests']} requests",
+                  f"{x['output_throughput']:,.0f} out tok/s, goodput {x['goodput']:.1f} req/s ({x['goodput_share']:.0%})",
+                  f"TTFT p50/p99 {_fmt(x['ttft_p50_ms'], '', 1)}/{_fmt(x['ttft_p99_ms'], ' ms', 1)}, "
+                  f"TPOT {_fmt(x['tpot_p50_ms'], '', 1)}/{_fmt(x['tpot_p99_ms'], ' ms', 1)}, "
+                  f"ITL p99 {_fmt(x['itl_p99_ms'], ' ms', 1)}{failed}"))
     return r
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 MODELS = Path("/tmp/llmserve-bench")
-SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab")
+SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w6")
 OLD_TREE = Path(".old/base")  # a checkout of the commit to compare with (w2ab), if present
 
 
@@ -70,11 +70,25 @@ def section_w4(out: dict) -> None:
         out[f"inproc_w2_overlap{int(overlap)}"] = dict(tokens=tokens, wall_s=wall, tok_s=tokens / wall, busy=busy)
 
 
-def _full_system_run(model: Path, log_dir: Path, scheduler_args: list[str], workloads_: dict) -> dict:
+TIMING_FIELDS = ("schedule_us", "apply_us", "result_wait_us", "executor_queued_us",
+                 "executor_launch_us", "device_idle_us")
+
+
+def _per_step(before, after) -> dict:
+    """Mean µs per step of each StepTimings field (both sides of the step stream) and of the
+    device time, between two status answers."""
+    steps = max(after.num_steps - before.num_steps, 1)
+    out = {f: (getattr(after.step_timings, f) - getattr(before.step_timings, f)) / steps for f in TIMING_FIELDS}
+    out["device_us"] = (after.executor_busy_us - before.executor_busy_us) / steps
+    return out
+
+
+def _full_system_run(model: Path, log_dir: Path, scheduler_args: list[str], workloads_: dict,
+                     executor_args: tuple[str, ...] = ()) -> dict:
     from benchmarks.client import load
     from benchmarks.cluster import Cluster
 
-    cluster = Cluster(model, log_dir, ["--device", "cuda"], scheduler_args, timeout=600)
+    cluster = Cluster(model, log_dir, ["--device", "cuda", *executor_args], scheduler_args, timeout=600)
     results = {}
     try:
         load(cluster.address, [([1, 2, 3], 8)] * 4)  # warm-up
@@ -86,21 +100,26 @@ def _full_system_run(model: Path, log_dir: Path, scheduler_args: list[str], work
             results[name] = dict(tokens=r.output_tokens, wall_s=r.wall_s, tok_s=r.tokens_per_s,
                                  tpot_ms=r.tpot_ms_median, ttft_ms=r.ttft_ms_median, busy=busy,
                                  steps=after.num_steps - before.num_steps,
-                                 graph_steps=after.num_graph_steps - before.num_graph_steps)
+                                 graph_steps=after.num_graph_steps - before.num_graph_steps,
+                                 per_step=_per_step(before, after))
     finally:
         cluster.stop()
     return results
 
 
+BEFORE_ISSUE_12 = (["--pipeline-depth", "2"], ("--mixed-cuda-graph-sizes", "none"))
+
+
 def section_full(out: dict, log_dir: Path) -> None:
-    """W1, W2, W3 through both services, overlap on; W1, W2 again with overlap off."""
+    """W1, W2, W3 through both services as configured by default; W1, W2 again as before issue
+    12 (2 steps in flight, prefill and mixed steps eager), in the same run."""
     from benchmarks import workloads
 
     model = model_path("llama-1b")
     on = {"w1": (workloads.w1(), 0.0), "w3": (workloads.w3(), 0.0), "w2": (workloads.w2(), 0.6)}
     out["overlap_on"] = _full_system_run(model, log_dir / "on", [], on)
-    off = {"w1": (workloads.w1(), 0.0), "w2": (workloads.w2(), 0.6)}
-    out["overlap_off"] = _full_system_run(model, log_dir / "off", ["--no-overlap"], off)
+    before = {"w1": (workloads.w1(), 0.0), "w2": (workloads.w2(), 0.6)}
+    out["before"] = _full_system_run(model, log_dir / "before", BEFORE_ISSUE_12[0], before, BEFORE_ISSUE_12[1])
 
 
 def section_peers(out: dict) -> None:
@@ -121,14 +140,14 @@ def section_w5(out: dict) -> None:
     from benchmarks import inprocess, workloads
 
     runner, _ = runner_for("llama2-7b")
-    for total, n in ((128, 256), (512, 256), (2048, 128)):
+    for total, n in ((128, 16), (512, 16), (2048, 16), (128, 256), (512, 256), (2048, 128)):
         row = {}
         for mode in ("graph", "eager"):
             runner.use_graphs(mode == "graph")
             tokens, wall, _ = inprocess.run_workload(runner, workloads.w5(total, n))
             row[mode] = n / wall
         row["gain"] = row["graph"] / row["eager"] - 1
-        out[f"total{total}"] = row
+        out[f"total{total}" if n > 16 else f"total{total}_c16"] = row
     runner.use_graphs(True)
 
 
@@ -162,6 +181,24 @@ def section_w7(out: dict, log_dir: Path) -> None:
     out.update(w7_prefix.run(model_path("llama-1b"), log_dir / "w7"))
 
 
+def section_w6(out: dict, log_dir: Path) -> None:
+    """W6: chat-like requests arriving as a Poisson process (benchmarks/serving.py) through both
+    services; TTFT / TPOT / ITL / E2E and goodput per rate. 300 requests (~48k output tokens) at
+    8, 32, 128 req/s (~1.3k, 5k, 20k output tok/s offered; W2 saturates near 35k) and a burst;
+    the 8 req/s arrivals (~38 s) take most of the section's time."""
+    from benchmarks.cluster import Cluster
+    from benchmarks.serving import run_serving
+
+    model = model_path("llama-1b")
+    vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
+    cluster = Cluster(model, log_dir / "w6", ["--device", "cuda"], [], timeout=600)
+    try:
+        run_serving(cluster.address, vocab_size, [float("inf")], 32, seed=1)  # warm-up, other prompts
+        out["rates"] = run_serving(cluster.address, vocab_size, [8, 32, 128, float("inf")], 300, seed=0)
+    finally:
+        cluster.stop()
+
+
 def section_w2ab(out: dict) -> None:
     """W2 in-process, this tree vs OLD_TREE alternating (features off), and this tree with
     logprobs top-5 and with penalties on every request (benchmarks/w2_features.py)."""
@@ -183,7 +220,7 @@ def run_section(name: str, out_dir: Path) -> None:
     out: dict = {}
     t = time.perf_counter()
     try:
-        if name in ("full", "smol", "w7"):
+        if name in ("full", "smol", "w7", "w6"):
             globals()[f"section_{name}"](out, out_dir)
         else:
             globals()[f"section_{name}"](out)

@@ -31,13 +31,16 @@ class AttentionMetadata:
 
     @classmethod
     def from_buffers(cls, buf: StepBuffers, num_reqs: int, num_tokens: int, max_query_len: int,
-                     max_seq_len: int, num_sample: int | None = None) -> AttentionMetadata:
+                     max_seq_len: int, num_sample: int | None = None,
+                     is_decode: bool | None = None) -> AttentionMetadata:
         """Views of the first rows of the static device buffers (the caller has copied them):
         B = num_reqs, T = num_tokens, and N = num_sample rows of logits_indices when given.
+        is_decode defaults to T == B (a mixed graph of T <= B tokens says False).
         The views keep their addresses from step to step, which is what a CUDA graph reads."""
         b, t = num_reqs, num_tokens
         return cls(
             slot_mapping=buf.slot_mapping.gpu[:t], block_tables=buf.block_tables.gpu[:b],
             seq_lens=buf.seq_lens.gpu[:b], query_start_loc=buf.query_start_loc.gpu[:b + 1],
-            max_query_len=max_query_len, max_seq_len=max_seq_len, is_decode=t == b,
+            max_query_len=max_query_len, max_seq_len=max_seq_len,
+            is_decode=t == b if is_decode is None else is_decode,
             logits_indices=None if num_sample is None else buf.logits_indices.gpu[:num_sample])

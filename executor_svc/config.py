@@ -34,6 +34,8 @@ class ExecutorConfig:
     cpu_kv_cache_gib: float = 1.0  # KV budget on CPU when num_kv_blocks is 0
     enforce_eager: bool = False  # no CUDA graphs
     cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes to capture, ascending
+    # token counts of the mixed (prefill / chunked prefill + decode) graphs, ascending
+    mixed_cuda_graph_sizes: tuple[int, ...] = ()
     max_logprobs: int = 20  # most top alternatives a request may ask per position (vLLM's name)
     # The secret every executor RPC but grpc.health.v1 must carry ("authorization: Bearer
     # <token>"): only the scheduler that knows it may reset, plan or stream (docs/hardening.md).
@@ -44,7 +46,8 @@ class ExecutorConfig:
 
     @property
     def use_cuda_graphs(self) -> bool:
-        return self.device == "cuda" and not self.enforce_eager and bool(self.cuda_graph_sizes)
+        return self.device == "cuda" and not self.enforce_eager and bool(
+            self.cuda_graph_sizes or self.mixed_cuda_graph_sizes)
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> "ExecutorConfig":
@@ -60,13 +63,14 @@ class ExecutorConfig:
         max_num_seqs = ns.max_num_seqs or (256 if on_cuda else 64)
         max_tokens = ns.max_num_batched_tokens or (8192 if on_cuda else 2048)
         sizes = _parse_sizes(ns.cuda_graph_sizes, max_num_seqs)
+        mixed = _parse_mixed_sizes(ns.mixed_cuda_graph_sizes, max(max_tokens, max_num_seqs))
         return cls(
             model=ns.model, model_name=ns.model_name, cache_dir=ns.cache_dir, host=ns.host, port=ns.port, device=device,
             dtype=dtype, block_size=ns.block_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max(max_tokens, max_num_seqs), max_model_len=ns.max_model_len,
             gpu_memory_utilization=ns.gpu_memory_utilization, num_kv_blocks=ns.num_kv_blocks,
             cpu_kv_cache_gib=ns.cpu_kv_cache_gib, enforce_eager=ns.enforce_eager,
-            cuda_graph_sizes=sizes, max_logprobs=ns.max_logprobs, internal_token=ns.internal_token,
+            cuda_graph_sizes=sizes, mixed_cuda_graph_sizes=mixed, max_logprobs=ns.max_logprobs, internal_token=ns.internal_token,
             insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
         )
 
@@ -75,6 +79,21 @@ def default_cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:
     """1, 2, 4, 8, then steps of 8 up to max_num_seqs (which is always included)."""
     sizes = [s for s in (1, 2, 4) if s < max_num_seqs] + list(range(8, max_num_seqs, 8))
     return tuple(sorted(set(sizes + [max_num_seqs])))
+
+
+def default_mixed_cuda_graph_sizes(max_num_tokens: int) -> tuple[int, ...]:
+    """Steps of 32 tokens up to 512, then of 128 up to 1024, within max_num_tokens. Larger
+    steps are compute-bound: their kernels outlast the launches, so eager costs them little."""
+    sizes = list(range(32, 513, 32)) + list(range(640, 1025, 128))
+    return tuple(s for s in sizes if s <= max_num_tokens)
+
+
+def _parse_mixed_sizes(text: str, max_num_tokens: int) -> tuple[int, ...]:
+    if not text:
+        return default_mixed_cuda_graph_sizes(max_num_tokens)
+    if text.strip().lower() == "none":
+        return ()
+    return tuple(sorted({int(s) for s in text.split(",") if s.strip() and 1 < int(s) <= max_num_tokens}))
 
 
 def _parse_sizes(text: str, max_num_seqs: int) -> tuple[int, ...]:
@@ -110,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     add("num-kv-blocks", int, 0, "number of KV blocks (0 = measure / from --cpu-kv-cache-gib)")
     add("cpu-kv-cache-gib", float, 1.0, "KV cache budget on CPU, GiB")
     add("cuda-graph-sizes", str, "", "comma-separated decode batch sizes to capture")
+    add("mixed-cuda-graph-sizes", str, "", "comma-separated token counts of the graphs for "
+        "prefill and mixed steps (default: 32, 64, ... 512, 640, ... 1024); none = such steps "
+        "run eagerly")
     add("max-logprobs", int, 20, "most top alternatives per position a request may ask for "
         "(logprobs, prompt_logprobs); decode graphs extract this many when a request asks")
     add("internal-token", str, os.environ.get(SHARED_TOKEN_ENV, ""),

@@ -1,11 +1,18 @@
-"""CUDA graphs for decode steps: captured at start-up, replayed when a pure-decode batch fits.
+"""CUDA graphs for whole steps: captured at start-up, replayed when a step fits one.
 
-One graph per batch size, captured largest first into one shared memory pool. A graph reads
-the static step buffers (input ids, use-last mask, positions, slots, seq lens, block tables)
-and writes the logits of all its rows into one output buffer shared by every graph (kept out
-of the graph pool: per-graph outputs of [size, vocab] would hold gigabytes); a step of n < size
-rows pads the rest (seq_len 0, slot -1, cleared block-table rows), and only the sampled rows'
-logits are read back. Sampling runs after the replay, eagerly (it branches on host flags).
+Two families share one memory pool and one logits output buffer:
+  - decode graphs, one per batch size B: B rows of one token each, the split-K decode
+    attention kernel, logits of every row;
+  - mixed graphs, one per token count T (prefill chunks, and decode rows beside them): up to
+    R = min(T, max_num_seqs) requests, the varlen attention kernel, whose grid depends on the
+    shapes alone (kernels/attention_prefill.py), so one graph serves every mix of query
+    lengths that adds up to at most T tokens; logits of the R rows named by logits_indices.
+A graph reads the static step buffers (input ids, use-last mask, positions, slots, seq lens,
+query start offsets, block tables, logits indices) and writes into the shared output buffer
+(kept out of the graph pool: per-graph outputs of [size, vocab] would hold gigabytes). A step
+smaller than its graph pads the rest (padded tokens: slot -1, no request; padded requests:
+seq_len 0, no tokens; padded logits rows: token 0), and only the sampled rows' logits are read.
+Sampling runs after the replay (decode steps replay their processor/logprobs graphs too).
 
 The GraphRunner is given what the graphs read and write (model, step buffers, KV caches, the
 rows' last sampled tokens) and knows nothing of the ModelRunner that replays them.
@@ -17,7 +24,7 @@ import bisect
 import logging
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -31,8 +38,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class GraphShape(NamedTuple):
+    """The padded shape of one captured graph."""
+
+    num_tokens: int  # T: tokens (decode: = num_reqs)
+    num_reqs: int  # B: requests, and rows of logits
+    decode: bool  # one token per request: the decode kernel, every row's logits
+
+    @property
+    def label(self) -> int:
+        """What a step result reports as its graph size: the batch (decode) or token count."""
+        return self.num_tokens
+
+
 class GraphRunner:
-    """Captures (at construction) and replays one decode graph per batch size.
+    """Captures (at construction) and replays the decode graph of each batch size in `sizes`
+    and the mixed graph of each token count in `mixed_sizes`.
 
     model, buffers and kv_caches are the ones eager steps use; last_sampled is
     InputBatch.last_sampled_gpu ([max_num_seqs + 1] int64 device), read by the graphs as the
@@ -40,84 +61,102 @@ class GraphRunner:
     """
 
     def __init__(self, model: LlamaForCausalLM, buffers: StepBuffers, kv_caches: list[KVCache],
-                 last_sampled: torch.Tensor, sizes: Iterable[int], max_model_len: int):
+                 last_sampled: torch.Tensor, sizes: Iterable[int], max_model_len: int,
+                 mixed_sizes: Iterable[int] = ()):
         self.model, self.buffers, self.kv_caches = model, buffers, kv_caches
         self.last_sampled = last_sampled
         self.max_model_len = max_model_len
         limit = min(buffers.max_num_seqs, buffers.max_num_tokens)
         self.sizes = sorted({s for s in sizes if 0 < s <= limit})  # ascending
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> its graph
-        self.logits = self._output_buffer()  # [largest size, V] model dtype
+        self.mixed_sizes = sorted({t for t in mixed_sizes if 1 < t <= buffers.max_num_tokens})
+        self.shapes = ([GraphShape(s, s, True) for s in self.sizes]
+                       + [GraphShape(t, min(t, buffers.max_num_seqs), False) for t in self.mixed_sizes])
+        self.graphs: dict[GraphShape, torch.cuda.CUDAGraph] = {}
+        self.logits = self._output_buffer()  # [most rows of any graph, V] model dtype
         self.capture_s, self.pool_bytes = 0.0, 0  # measured by capture()
         self.capture()
 
-    def size_for(self, step: PreparedStep) -> int:
-        """Smallest captured size >= the step's batch for a pure-decode step; 0 = run eagerly."""
-        if not step.is_decode or not self.sizes or step.num_reqs > self.sizes[-1]:
-            return 0
-        return self.sizes[bisect.bisect_left(self.sizes, step.num_reqs)]
+    def shape_for(self, step: PreparedStep) -> GraphShape | None:
+        """The smallest captured graph the step fits; None = run it eagerly. A pure-decode
+        step takes a decode graph; any other step a mixed graph of at least its token count,
+        unless it computes prompt logprobs (they need every token's hidden state)."""
+        if step.is_decode and self.sizes and step.num_reqs <= self.sizes[-1]:
+            size = self.sizes[bisect.bisect_left(self.sizes, step.num_reqs)]
+            return GraphShape(size, size, True)
+        if step.prompt_logprobs is not None or not self.mixed_sizes or step.num_tokens > self.mixed_sizes[-1]:
+            return None
+        t = self.mixed_sizes[bisect.bisect_left(self.mixed_sizes, step.num_tokens)]
+        return GraphShape(t, min(t, self.buffers.max_num_seqs), False)
 
-    def replay(self, size: int) -> torch.Tensor:
-        """Replays the graph of `size` over the (already copied) static buffers -> [size, V]."""
-        self.graphs[size].replay()
-        return self.logits[:size]
+    def replay(self, shape: GraphShape) -> torch.Tensor:
+        """Replays the graph of `shape` over the (already copied and padded) static buffers ->
+        its [num_reqs, V] logits: decode, row i = request i; mixed, row i = token
+        logits_indices[i]."""
+        self.graphs[shape].replay()
+        return self.logits[:shape.num_reqs]
 
     def _output_buffer(self) -> torch.Tensor:
-        """[largest size, V] in the model dtype: the logits output of every graph."""
         weight = self.model.lm_head.weight
-        return torch.empty(self.sizes[-1], weight.shape[0], dtype=weight.dtype, device=weight.device)
+        rows = max(shape.num_reqs for shape in self.shapes)
+        return torch.empty(rows, weight.shape[0], dtype=weight.dtype, device=weight.device)
 
-    def _metadata(self, size: int) -> AttentionMetadata:
-        # one token per row; seq_lens are read on the device, so one graph serves every length
-        return AttentionMetadata.from_buffers(self.buffers, size, size, max_query_len=1,
-                                              max_seq_len=self.max_model_len)
+    def _metadata(self, shape: GraphShape) -> AttentionMetadata:
+        # seq_lens and query lengths are read on the device, so one graph serves every length
+        return AttentionMetadata.from_buffers(
+            self.buffers, shape.num_reqs, shape.num_tokens, max_query_len=1 if shape.decode else shape.num_tokens,
+            max_seq_len=self.max_model_len, num_sample=None if shape.decode else shape.num_reqs,
+            is_decode=shape.decode)
 
-    def _run(self, size: int, attn: AttentionMetadata) -> torch.Tensor:
-        """The decode forward that a graph records: [size] rows -> [size, V] logits."""
-        positions = self.buffers.positions.gpu[:size]
-        hidden = self.model(self.buffers.input_tokens(self.last_sampled, size), positions, attn,
-                            self.kv_caches)
-        return self.model.compute_logits(hidden, out=self.logits[:size])
+    def _run(self, shape: GraphShape, attn: AttentionMetadata) -> torch.Tensor:
+        """The forward that a graph records -> [num_reqs, V] logits in the output buffer."""
+        t = shape.num_tokens
+        hidden = self.model(self.buffers.input_tokens(self.last_sampled, t), self.buffers.positions.gpu[:t],
+                            attn, self.kv_caches)
+        if not shape.decode:
+            hidden = hidden[attn.logits_indices]  # [R, H]: the rows that may sample
+        return self.model.compute_logits(hidden, out=self.logits[:shape.num_reqs])
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Captures every size, largest first, into one memory pool; logs time and pool size."""
+        """Captures every shape, largest first, into one memory pool; logs time and pool size."""
         buf = self.buffers
-        largest = self.sizes[-1]
+        most_reqs = max(shape.num_reqs for shape in self.shapes)
+        most_tokens = max(shape.num_tokens for shape in self.shapes)
         buf.query_start_loc.np[0] = 0
-        buf.pad(0, 0, largest)  # every row a padded row: reads nothing, writes nowhere
-        buf.copy_to_device(largest, largest)
+        buf.pad(0, 0, 0, most_reqs, most_tokens)  # every row padded: reads nothing, writes nowhere
+        buf.copy_to_device(most_reqs, most_tokens)
         torch.cuda.synchronize()
         free_before = torch.cuda.mem_get_info()[0]
         t0 = time.perf_counter()
-        self.pool = torch.cuda.graph_pool_handle()  # shared by every size
+        self.pool = torch.cuda.graph_pool_handle()  # shared by every shape
         stream = torch.cuda.Stream()
-        for size in _progress(sorted(self.sizes, reverse=True)):
-            attn = self._metadata(size)
+        for shape in _progress(sorted(self.shapes, key=lambda s: (s.num_tokens, s.decode), reverse=True)):
+            attn = self._metadata(shape)
             with torch.cuda.stream(stream):
-                self._run(size, attn)  # warm-up: lazy init and kernel compilation, off the capture
+                self._run(shape, attn)  # warm-up: lazy init and kernel compilation, off the capture
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                self._run(size, attn)
-            self.graphs[size] = graph
+                self._run(shape, attn)
+            self.graphs[shape] = graph
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - t0
         self.pool_bytes = free_before - torch.cuda.mem_get_info()[0]
-        log.info("captured %d CUDA graphs (sizes %s) in %.1f s, graph pool %.0f MiB",
-                 len(self.sizes), self.sizes, self.capture_s, self.pool_bytes / (1 << 20))
+        log.info("captured %d CUDA graphs (decode batch sizes %s, mixed token counts %s) in %.1f s, "
+                 "graph pool %.0f MiB", len(self.shapes), self.sizes, self.mixed_sizes, self.capture_s,
+                 self.pool_bytes / (1 << 20))
 
 
-def _progress(sizes: list[int]):
+def _progress(shapes: list[GraphShape]):
     try:
         from tqdm import tqdm
 
-        return tqdm(sizes, desc="capturing CUDA graphs", unit="graph")
+        return tqdm(shapes, desc="capturing CUDA graphs", unit="graph")
     except ImportError:
-        return _log_each(sizes)
+        return _log_each(shapes)
 
 
-def _log_each(sizes: list[int]):
-    for size in sizes:
-        log.info("capturing CUDA graph for batch size %d", size)
-        yield size
+def _log_each(shapes: list[GraphShape]):
+    for shape in shapes:
+        log.info("capturing CUDA graph %s", shape)
+        yield shape

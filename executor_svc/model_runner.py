@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from executor_svc.attention import AttentionMetadata
-from executor_svc.cuda_graphs import GraphRunner
+from executor_svc.cuda_graphs import GraphRunner, GraphShape
 from executor_svc.input_batch import InputBatch
 from executor_svc.logits_processors import apply_processors, compute_logprobs, count_tokens
 from executor_svc.models.llama import KVCache, LlamaForCausalLM
@@ -35,6 +35,7 @@ class StepHandle:
     req_ids: list[int] = field(default_factory=list)  # requests that sample, in plan order
     sampled_host: torch.Tensor | None = None  # [N] int64 view of a pinned host buffer
     timer: _Timer | None = None  # CUDA: its last event marks the step's completion
+    prev_end: torch.cuda.Event | None = None  # the previous step's completion (device idle)
     logprobs: PendingLogprobs | None = None
     prompt_logprobs: PendingPromptLogprobs | None = None
     finished: bool = False
@@ -64,6 +65,7 @@ class ModelRunner:
                                           pin_memory=self.device.type == "cuda") for _ in range(2)]
         self._parity = 0  # host buffer set of the next launched step
         self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
+        self._last_end: torch.cuda.Event | None = None  # completion event of the last launched step
 
     def info(self) -> ExecutorInfo:
         """The handshake answer: what start-up loaded, allocated and captured."""
@@ -80,6 +82,7 @@ class ModelRunner:
             if handle is not None:
                 self.finish(handle)
         self._handles = [None, None]
+        self._last_end = None
         self.batch.clear()
 
     # ---- one step -------------------------------------------------------------------------
@@ -89,7 +92,7 @@ class ModelRunner:
         return self.finish(self.launch(plan))
 
     @torch.inference_mode()
-    def launch(self, plan: StepPlan) -> StepHandle:
+    def launch(self, plan: StepPlan, arrived: float | None = None) -> StepHandle:
         """Enqueues one step on the device and returns without waiting for it.
 
         Checks the plan (a bad one raises PlanError and changes nothing), updates rows,
@@ -99,10 +102,13 @@ class ModelRunner:
         No host synchronisation, except when the step that last used this parity's buffers has
         not been finished yet (more than two steps outstanding): then it is finished first.
         Steps must be finished in launch order; finish() may run on another thread.
+        arrived: time.perf_counter() when the plan arrived (its wait is reported as queued_us).
         """
         t0 = time.perf_counter()
-        scheduled = self._update_states(plan)
         out = StepResult(step_id=plan.step_id)
+        if arrived is not None:
+            out.queued_us = int((t0 - arrived) * 1e6)
+        scheduled = self._update_states(plan)
         if not scheduled:
             return StepHandle(out, finished=True)
         parity = self._parity
@@ -113,18 +119,20 @@ class ModelRunner:
         try:
             self.buffers.use_host(parity)
             step = self._prepare(scheduled)
-            graph_size = self.graphs.size_for(step) if self._graphs_on else 0
-            attn = self._copy_inputs(step, graph_size)
+            shape = self.graphs.shape_for(step) if self._graphs_on else None
             timer = _Timer(self.device)
+            timer.mark()  # the step's start on the device: before its input copies
+            attn = self._copy_inputs(step, shape)
             out.prepare_us = int((time.perf_counter() - t0) * 1e6)
-            out.graph_size = graph_size
+            out.graph_size = shape.label if shape is not None else 0
             timer.mark()
-            logits, hidden = self._forward(step, attn, graph_size)  # [N, V]; [T, H] when eager
+            logits, hidden = self._forward(step, attn, shape)  # [N, V]; [T, H] when eager
             timer.mark()
             sampled_host = self._sampled_host[parity][:step.num_sample]
-            handle = StepHandle(out, [], sampled_host, timer)
+            handle = StepHandle(out, [], sampled_host, timer, prev_end=self._last_end)
             if step.num_sample:
-                handle.logprobs = self._sample(step, logits, sampled_host, graph_size)
+                decode_size = shape.num_reqs if shape is not None and shape.decode else 0
+                handle.logprobs = self._sample(step, logits, sampled_host, decode_size)
             if step.prompt_logprobs is not None:
                 handle.prompt_logprobs = prompt_logprobs(self.model.compute_logits, hidden,
                                                          step.prompt_logprobs)
@@ -136,6 +144,8 @@ class ModelRunner:
         by_row = self.batch.states
         handle.req_ids = [by_row[r].req_id for r in step.sample_rows.tolist()]
         self._handles[parity] = handle
+        self._last_end = timer.end_event
+        out.launch_us = int((time.perf_counter() - t0) * 1e6)
         return handle
 
     def finish(self, handle: StepHandle) -> StepResult:
@@ -147,6 +157,8 @@ class ModelRunner:
             out, timer = handle.out, handle.timer
             timer.wait()  # CUDA: event.synchronize() (releases the GIL)
             out.forward_us, out.sample_us = timer.elapsed_us()
+            out.device_idle_us = timer.idle_before_us(handle.prev_end)
+            handle.prev_end = None  # keep no chain of events alive
             if handle.req_ids:
                 out.token_ids = handle.sampled_host.tolist()
                 out.req_ids = handle.req_ids
@@ -183,12 +195,12 @@ class ModelRunner:
         """Writes the step's inputs into the host buffers, advances the rows (step_inputs.py)."""
         return prepare_step(self.batch, self.buffers, scheduled, self.limits)
 
-    def _copy_inputs(self, step: PreparedStep, graph_size: int) -> AttentionMetadata:
-        """Copies the first rows of every buffer to the device (padding to graph_size if set)."""
+    def _copy_inputs(self, step: PreparedStep, shape: GraphShape | None) -> AttentionMetadata:
+        """Copies the first rows of every buffer to the device (padded to the graph's shape)."""
         buf = self.buffers
-        if graph_size:
-            buf.pad(step.num_reqs, step.num_tokens, graph_size)
-            num_reqs = num_tokens = graph_size
+        if shape is not None:
+            buf.pad(step.num_reqs, step.num_tokens, step.num_sample, shape.num_reqs, shape.num_tokens)
+            num_reqs, num_tokens = shape.num_reqs, shape.num_tokens
         else:
             num_reqs, num_tokens = step.num_reqs, step.num_tokens
         buf.copy_to_device(num_reqs, num_tokens)
@@ -196,12 +208,14 @@ class ModelRunner:
                                               step.max_seq_len, num_sample=step.num_sample)
 
     def _forward(self, step: PreparedStep, attn: AttentionMetadata,
-                 graph_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 shape: GraphShape | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """([N, V] logits of the sampled rows, [T, H] hidden states or None): the graph of
-        graph_size replayed (no hidden states), or eagerly (graph_size 0)."""
-        if graph_size:
-            logits = self.graphs.replay(graph_size)  # [graph_size, V] model dtype
-            return logits[attn.logits_indices], None  # model dtype: the sampler reads it once
+        `shape` replayed (no hidden states), or eagerly (shape None)."""
+        if shape is not None:
+            logits = self.graphs.replay(shape)  # [B, V] model dtype: the sampler reads it once
+            if shape.decode:  # row i = request i
+                return logits[attn.logits_indices], None
+            return logits[:step.num_sample], None  # row i = token logits_indices[i]
         t = step.num_tokens
         tokens = self.buffers.input_tokens(self.batch.last_sampled_gpu, t)  # [T] int64
         hidden = self.model(tokens, self.buffers.positions.gpu[:t], attn, self.kv_caches)  # [T, H]
@@ -212,7 +226,8 @@ class ModelRunner:
         """Runs the logits processors (if a row uses one), samples [N] ids, stores them as the
         rows' last tokens on the device, counts them (if a row has penalties) and enqueues
         their copy (and their logprobs, if a row asked) to pinned host memory; finish() reads
-        them after the event. Decode steps replay the captured processor/logprobs graphs."""
+        them after the event. Steps that replayed a decode graph of graph_size (0: eager or a
+        mixed graph) replay the captured processor/logprobs graphs of that size too."""
         buf, n = self.buffers, step.num_sample
         graphs = self.sampler_graphs if graph_size else None
         tables = self.batch.sampling.tables
@@ -256,9 +271,21 @@ class _Timer:
         if self.cuda:
             self.marks[-1].synchronize()
 
+    @property
+    def end_event(self) -> torch.cuda.Event | None:
+        return self.marks[-1] if self.cuda else None
+
     def elapsed_us(self) -> tuple[int, int]:
-        """(forward, sample) in µs; on CUDA only after wait()."""
-        a, b, c = self.marks
+        """(forward incl. the input copies, sample) in µs; on CUDA only after wait()."""
+        start, b, c = self.marks[0], self.marks[-2], self.marks[-1]
         if self.cuda:
-            return int(a.elapsed_time(b) * 1e3), int(b.elapsed_time(c) * 1e3)
-        return int((b - a) * 1e6), int((c - b) * 1e6)
+            return int(start.elapsed_time(b) * 1e3), int(b.elapsed_time(c) * 1e3)
+        return int((b - start) * 1e6), int((c - b) * 1e6)
+
+    def idle_before_us(self, prev_end: torch.cuda.Event | None) -> int:
+        """µs the device sat idle between prev_end (the previous step's completion) and this
+        step's start; ~0 when this step was queued before the previous one ended. CUDA only,
+        after wait()."""
+        if not self.cuda or prev_end is None:
+            return 0
+        return max(0, int(prev_end.elapsed_time(self.marks[0]) * 1e3))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import AsyncIterable, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -51,8 +53,8 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, SECOND_STREAM)
         pipeline = StepPipeline(self._launch, self.runner.finish, self.worker, self.waiter)
         try:
-            async with contextlib.aclosing(pipeline.run(request_iterator)) as results:
-                async for msg, result in results:
+            async with contextlib.aclosing(pipeline.run(_arrivals(request_iterator))) as results:
+                async for (msg, _), result in results:
                     await context.write(_result_pb(msg, result))
         except asyncio.CancelledError:
             if not lease.taken_over:
@@ -62,8 +64,9 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
         finally:
             self.slot.release(lease)
 
-    def _launch(self, msg: pb.StepPlan) -> StepHandle:
-        return self.runner.launch(codec.plan_from_pb(msg))
+    def _launch(self, item: tuple[pb.StepPlan, float]) -> StepHandle:
+        msg, arrived = item
+        return self.runner.launch(codec.plan_from_pb(msg), arrived)
 
     async def Reset(self, request: pb.ResetRequest, context) -> pb.ResetResponse:
         """Ends the open plan stream (if any), waits for its launched steps, then forgets every
@@ -74,6 +77,12 @@ class ExecutorServicer(pb_grpc.ExecutorServicer):
         except TimeoutError:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the open plan stream did not end; retry")
         return pb.ResetResponse()
+
+
+async def _arrivals(plans: AsyncIterable[pb.StepPlan]) -> AsyncIterator[tuple[pb.StepPlan, float]]:
+    """Each plan with the time it arrived (the step's queued_us counts from there)."""
+    async for msg in plans:
+        yield msg, time.perf_counter()
 
 
 def _result_pb(msg: pb.StepPlan, result) -> pb.StepResult:

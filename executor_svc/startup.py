@@ -60,7 +60,7 @@ def build_runner(config: ExecutorConfig) -> ModelRunner:
     graphs = sampler_graphs = None
     if config.use_cuda_graphs:
         graphs = GraphRunner(model, buffers, kv_caches, batch.last_sampled_gpu, config.cuda_graph_sizes,
-                             max_model_len)
+                             max_model_len, config.mixed_cuda_graph_sizes)
         sampler_graphs = SamplerGraphs(graphs.logits, buffers, sampling.tables, graphs.sizes,
                                        max_logprobs, graphs.pool)
     info = ExecutorInfo(

@@ -133,17 +133,19 @@ class StepBuffers:
             twin.use_host(i)
         self.small.use_host(i)
 
-    def pad(self, num_reqs: int, num_tokens: int, size: int) -> None:
-        """Makes rows num_reqs..size (and tokens num_tokens..size) harmless padded rows."""
-        self.input_ids.np[num_tokens:size] = 0
-        self.use_last.np[num_tokens:size] = False
-        self.positions.np[num_tokens:size] = 0
-        self.slot_mapping.np[num_tokens:size] = -1
-        self.seq_lens.np[num_reqs:size] = 0
-        self.block_tables.np[num_reqs:size] = 0
-        self.query_start_loc.np[num_reqs + 1:size + 1] = self.query_start_loc.np[num_reqs]
-        # padded rows sample into the scratch row max_num_seqs (counts, last sampled token)
-        self.sample_rows.np[num_reqs:size] = self.max_num_seqs
+    def pad(self, num_reqs: int, num_tokens: int, num_sample: int, reqs_to: int, tokens_to: int) -> None:
+        """Makes tokens num_tokens..tokens_to harmless (no request, written nowhere), requests
+        num_reqs..reqs_to empty (seq_len 0, no tokens) and sample rows num_sample..reqs_to
+        read token 0 and sample into the scratch row max_num_seqs (counts, last token)."""
+        self.input_ids.np[num_tokens:tokens_to] = 0
+        self.use_last.np[num_tokens:tokens_to] = False
+        self.positions.np[num_tokens:tokens_to] = 0
+        self.slot_mapping.np[num_tokens:tokens_to] = -1
+        self.seq_lens.np[num_reqs:reqs_to] = 0
+        self.block_tables.np[num_reqs:reqs_to] = 0
+        self.query_start_loc.np[num_reqs + 1:reqs_to + 1] = self.query_start_loc.np[num_reqs]
+        self.logits_indices.np[num_sample:reqs_to] = 0
+        self.sample_rows.np[num_sample:reqs_to] = self.max_num_seqs
 
     def copy_to_device(self, num_reqs: int, num_tokens: int) -> None:
         """Enqueues (non-blocking) the copy of what a step of num_reqs requests and num_tokens

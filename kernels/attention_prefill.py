@@ -5,7 +5,12 @@ its seq_len tokens, all already in the paged cache; new token j sits at position
 seq_len - q_len + j and attends causally to positions 0..that one, or with a sliding window W
 to the keys k with q - W < k <= q (transformers' sliding_window_overlay).
 
-Grid (num_seqs, cdiv(max_query_len, BLOCK_Q), num_kv_heads), max_query_len a host int. A
+Grid (num_tokens // BLOCK_Q + num_seqs, num_kv_heads): fixed by the shapes alone, so one launch
+serves any mix of query lengths and a CUDA graph captured for a token count replays for every
+batch of that many tokens (docs/kernels.md). Request i owns the programs from
+f(i) = query_start_loc[i] // BLOCK_Q + i on (f(i+1) - f(i) >= cdiv(q_len_i, BLOCK_Q), and
+f(num_seqs) <= num_tokens // BLOCK_Q + num_seqs); a program finds its request by a binary search
+of f and returns at once past its request's last query block. A
 program takes BLOCK_Q query tokens times all GROUP query heads of one KV head, packed as the
 BLOCK_M = BLOCK_Q * GROUP_PAD rows of one tl.dot tile (row r = token r // GROUP_PAD, head
 r % GROUP_PAD), so each K/V tile is read once per group and a decode row still fills a tile.
@@ -42,13 +47,24 @@ def _paged_prefill_kernel(
     stride_bt,
     stride_ot, stride_oh,
     window,  # sliding window (used when SLIDING): row q sees keys q - window < k <= q
+    num_seqs,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,  # num_seqs.bit_length(): enough halvings of [0, num_seqs)
 ):
-    seq = tl.program_id(0)
-    q_block = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    # seq = the last i with f(i) = query_start_loc[i] // BLOCK_Q + i <= pid (f(0) = 0, f rises)
+    lo = tl.full([], 0, tl.int32)  # loop-carried int32 tensors, never constexprs
+    hi = tl.full([], 0, tl.int32) + num_seqs
+    for _ in range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        f_mid = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        lo = tl.where(f_mid <= pid, mid, lo)
+        hi = tl.where(f_mid <= pid, hi, mid)
+    seq = lo
     q_start = tl.load(query_start_loc_ptr + seq)
+    q_block = pid - (q_start // BLOCK_Q + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     if q_block * BLOCK_Q >= q_len:
         return
@@ -141,7 +157,7 @@ def paged_attention_triton(
     group_pad = triton.next_power_of_2(group)
     block_m = max(64, group_pad) if max_query_len > 1 else max(16, group_pad)
     block_q = block_m // group_pad
-    grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    grid = (q.shape[0] // block_q + num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
         scale * LOG2E,
@@ -149,9 +165,10 @@ def paged_attention_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
-        window,
+        window, num_seqs,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=64, SLIDING=window > 0,
+        SEARCH_STEPS=num_seqs.bit_length(),
         num_warps=4 if head_dim <= 64 else 8, num_stages=2,  # no register spills on sm_90
     )
     return out

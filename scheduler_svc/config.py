@@ -26,8 +26,11 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     # Requests allowed to wait for admission; beyond, new requests get RESOURCE_EXHAUSTED.
     max_waiting: int = 4096
-    # Plan step N+1 while the executor runs step N (issue 4); False = strict plan/wait/apply.
+    # Plan ahead while the executor runs: with depth d, steps N+1..N+d-1 are planned and sent
+    # while step N runs (docs/scheduler.md, "Steps in flight"); overlap False = depth 1, strict
+    # plan/wait/apply.
     overlap: bool = True
+    pipeline_depth: int = 3
     # Tokens per streamed message (the last message may hold fewer); 1 = every step's token.
     # Larger values cut the per-message cost of many concurrent streams.
     stream_interval: int = 1
@@ -117,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    default=_env("OVERLAP", d.overlap),
                    help="wait for each step's result before planning the next")
+    p.add_argument("--pipeline-depth", type=_depth, default=_env("PIPELINE_DEPTH", d.pipeline_depth),
+                   help="steps kept in flight at the executor (1-8): 2 plans step N+1 while N "
+                        "runs, 3 also N+2, which hides the scheduler/executor round trip when a "
+                        "step is shorter than it; a request that stops runs up to depth-1 "
+                        "extra steps whose tokens are dropped")
     p.add_argument("--stream-interval", type=int, default=_env("STREAM_INTERVAL", d.stream_interval),
                    help="tokens per streamed message: every message but the last carries at least "
                         "this many (more when the client falls behind and queued tokens fold into "
@@ -178,6 +186,13 @@ def _add_api_boundary_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> N
     p.add_argument("--api-key", default=_env("API_KEY", os.environ.get("LLMSERVE_API_KEY", d.api_key)),
                    help="require 'authorization: Bearer <key>' on every RPC but health "
                         "(prefer the LLMSERVE_API_KEY environment variable: flags show in ps)")
+
+
+def _depth(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 8:
+        raise argparse.ArgumentTypeError(f"must be 1..8, got {value}")
+    return value
 
 
 def from_args(argv: list[str] | None = None) -> SchedulerConfig:

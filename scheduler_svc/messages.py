@@ -86,6 +86,15 @@ class CoreStats:
     prefix_cache_hits: int = 0
     executor_available: bool = False  # handshaken and answering; False while (re)connecting
     num_preemptions: int = 0  # requests preempted (each time), since start
+    # Where the steps' time went (µs, summed; StepTimings in the public proto): the step loop's
+    # planning + sending, applying results, waiting for results; the executor's plan queueing,
+    # launches and device idle.
+    schedule_us: int = 0
+    apply_us: int = 0
+    result_wait_us: int = 0
+    executor_queued_us: int = 0
+    executor_launch_us: int = 0
+    device_idle_us: int = 0
     # Executor step times (prepare + forward + sample) per bucket of engine/stats.py's
     # STEP_TIME_BUCKETS, not cumulative, the last one above them all (a few ints a message).
     step_time_counts: tuple = ()

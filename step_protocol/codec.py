@@ -48,7 +48,8 @@ def result_to_pb(result: StepResult) -> pb.StepResult:
     msg = pb.StepResult(
         step_id=result.step_id, req_ids=result.req_ids, token_ids=result.token_ids,
         prepare_us=result.prepare_us, forward_us=result.forward_us, sample_us=result.sample_us,
-        graph_size=result.graph_size, error=result.error)
+        graph_size=result.graph_size, queued_us=result.queued_us, launch_us=result.launch_us,
+        device_idle_us=result.device_idle_us, error=result.error)
     if result.logprobs is not None:
         msg.logprobs.CopyFrom(_logprobs_to_pb(result.logprobs))
     p = result.prompt_logprobs
@@ -63,7 +64,8 @@ def result_from_pb(msg: pb.StepResult) -> StepResult:
     result = StepResult(
         step_id=msg.step_id, req_ids=list(msg.req_ids), token_ids=list(msg.token_ids),
         prepare_us=msg.prepare_us, forward_us=msg.forward_us, sample_us=msg.sample_us,
-        graph_size=msg.graph_size, error=msg.error)
+        graph_size=msg.graph_size, queued_us=msg.queued_us, launch_us=msg.launch_us,
+        device_idle_us=msg.device_idle_us, error=msg.error)
     if msg.HasField("logprobs"):
         result.logprobs = _logprobs_from_pb(msg.logprobs)
     if msg.HasField("prompt_logprobs"):

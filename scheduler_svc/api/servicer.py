@@ -126,6 +126,10 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
             executor_available=s.executor_available,
             prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits,
             prefix_cache_hit_rate=s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0,
+            step_timings=pb.StepTimings(
+                schedule_us=s.schedule_us, apply_us=s.apply_us, result_wait_us=s.result_wait_us,
+                executor_queued_us=s.executor_queued_us, executor_launch_us=s.executor_launch_us,
+                device_idle_us=s.device_idle_us),
         )
 
     async def _admit(self, request: pb.GenerateRequest, context) -> tuple[list[int], object]:

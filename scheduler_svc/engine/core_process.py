@@ -80,9 +80,10 @@ class EngineCore:
         if path not in self._tokenizers:
             self._tokenizers[path] = Tokenizer.from_pretrained(path)
         self.scheduler = Scheduler(core_config(self._config, info), self._tokenizers[path])
-        self.loop = StepLoop(self.scheduler, self._client, depth=2 if self._config.overlap else 1,
-                             on_outputs=self._publish, on_result=self.engine_stats.on_result,
-                             on_plan=self.engine_stats.on_plan)
+        depth = self._config.pipeline_depth if self._config.overlap else 1
+        self.loop = StepLoop(self.scheduler, self._client, depth, on_outputs=self._publish,
+                             on_result=self.engine_stats.on_result, on_plan=self.engine_stats.on_plan,
+                             timings=self.engine_stats.loop_timings)
         self._connected = self.stats.executor_available = True
         return info
 

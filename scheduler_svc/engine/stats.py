@@ -13,6 +13,7 @@ import logging
 import time
 
 from scheduler_svc.core.outputs import RequestOutput
+from scheduler_svc.engine.step_loop import LoopTimings
 from scheduler_svc.messages import CoreStats
 from step_protocol.domain import StepPlan, StepResult
 
@@ -32,6 +33,7 @@ class EngineStats:
         # For the stats line: tokens since start (prompts counted at their first token).
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
+        self.loop_timings = LoopTimings()  # the step loop adds its own times here
 
     def on_plan(self, plan: StepPlan) -> None:
         if plan.new_requests:
@@ -46,6 +48,9 @@ class EngineStats:
         s.forward_us += result.forward_us
         s.sample_us += result.sample_us
         s.num_graph_steps += result.graph_size > 0
+        s.executor_queued_us += result.queued_us
+        s.executor_launch_us += result.launch_us
+        s.device_idle_us += result.device_idle_us
         seconds = (result.prepare_us + result.forward_us + result.sample_us) / 1e6
         self._step_counts[bisect.bisect_left(STEP_TIME_BUCKETS, seconds)] += 1
 
@@ -57,7 +62,9 @@ class EngineStats:
                 self.num_prompt_tokens += o.num_prompt_tokens
 
     def take_scheduled(self) -> list[tuple[int, float]]:
-        self.stats.step_time_counts = tuple(self._step_counts)
+        s, t = self.stats, self.loop_timings
+        s.step_time_counts = tuple(self._step_counts)
+        s.schedule_us, s.apply_us, s.result_wait_us = t.schedule_us, t.apply_us, t.result_wait_us
         scheduled, self.scheduled = self.scheduled, []
         return scheduled
 

@@ -9,7 +9,9 @@ keeps one step queued at the executor: it sends step N+1 before it reads step N'
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
+from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Protocol
 
@@ -31,12 +33,22 @@ class Transport(Protocol):
     async def receive(self) -> StepResult: ...
 
 
+@dataclass
+class LoopTimings:
+    """Where the loop's time went, in µs summed over its steps (a few integer additions a step)."""
+
+    schedule_us: int = 0  # planning a step and handing it to the transport
+    apply_us: int = 0  # applying results (tokens, stops, detokenization, outputs)
+    result_wait_us: int = 0  # waiting for a result with nothing else to do
+
+
 class StepLoop:
     """Drives a Scheduler over a Transport, at most `depth` steps in flight."""
 
     def __init__(self, scheduler: Scheduler, transport: Transport, depth: int, on_outputs: OutputSink,
                  on_result: Callable[[StepResult], None] | None = None,
-                 on_plan: Callable[[StepPlan], None] | None = None):
+                 on_plan: Callable[[StepPlan], None] | None = None,
+                 timings: LoopTimings | None = None):
         self.scheduler = scheduler
         self.transport = transport
         self.depth = depth
@@ -45,11 +57,13 @@ class StepLoop:
         self.on_plan = on_plan  # sees every plan (admissions, preemptions) before it is sent
         self.inflight: deque[StepPlan] = deque()
         self.num_planned = 0  # schedule() calls so far
+        self.timings = timings if timings is not None else LoopTimings()
 
     async def step(self) -> bool:
         """Does one thing: sends the next plan when one may go, else applies the oldest
         result. Returns False when there is nothing to do now (idle, or work that cannot be
         scheduled until something changes) and nothing is in flight."""
+        timings, t0 = self.timings, time.perf_counter_ns()
         if len(self.inflight) < self.depth and self.scheduler.has_work():
             plan = self.scheduler.schedule()
             self.num_planned += 1
@@ -58,9 +72,14 @@ class StepLoop:
             if not plan.is_empty():
                 await self.transport.send(plan)
                 self.inflight.append(plan)
+                timings.schedule_us += (time.perf_counter_ns() - t0) // 1000
                 return True
         if self.inflight:
-            self._apply(await self.transport.receive())
+            result = await self.transport.receive()
+            t1 = time.perf_counter_ns()
+            self._apply(result)
+            timings.result_wait_us += (t1 - t0) // 1000
+            timings.apply_us += (time.perf_counter_ns() - t1) // 1000
             return True
         return False
 

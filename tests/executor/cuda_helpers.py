@@ -72,10 +72,10 @@ def decode_logits_graph_and_eager(runner: ModelRunner, num_reqs: int) -> tuple[t
     plan = StepPlan(99, [], decode_rows(d.req_ids))
     with torch.inference_mode():
         step = runner._prepare(runner._update_states(plan))
-        size = runner.graphs.size_for(step)
-        graph_logits = runner._forward(step, runner._copy_inputs(step, size), size)[0].clone()
-        eager_logits = runner._forward(step, runner._copy_inputs(step, 0), 0)[0]
-    return graph_logits, eager_logits, size
+        shape = runner.graphs.shape_for(step)
+        graph_logits = runner._forward(step, runner._copy_inputs(step, shape), shape)[0].clone()
+        eager_logits = runner._forward(step, runner._copy_inputs(step, None), None)[0]
+    return graph_logits, eager_logits, shape.num_reqs
 
 
 def launch_without_sync(runner: ModelRunner, plan: StepPlan):
@@ -85,3 +85,52 @@ def launch_without_sync(runner: ModelRunner, plan: StepPlan):
         return runner.launch(plan)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def mixed_scenario(runner: ModelRunner) -> tuple[dict[int, list[int]], list[int]]:
+    """Greedy tokens and graph sizes of: a 20-token chunk of a 50-token prompt; its last 30
+    beside a new 25-token prompt; both decoding beside a new 40-token prompt; decode; an
+    80-token prompt beside three decode rows; decode."""
+    from tests.executor.conftest import cached_rows
+
+    runner.reset()
+    gen = torch.Generator().manual_seed(5)
+    prompts = {r: torch.randint(2, runner.info().vocab_size, (n,), generator=gen).tolist()
+               for r, n in ((1, 50), (2, 25), (3, 40), (4, 80))}
+    blocks = {r: list(range(1 + 16 * r, 17 + 16 * r)) for r in prompts}
+    greedy = SamplerParams()
+    tokens, sizes = {r: [] for r in prompts}, []
+    plans = [
+        StepPlan(1, [NewRequestData(1, prompts[1], greedy, blocks[1], 0, 20)]),
+        StepPlan(2, [NewRequestData(2, prompts[2], greedy, blocks[2], 0, 25)], cached_rows((1, 30))),
+        StepPlan(3, [NewRequestData(3, prompts[3], greedy, blocks[3], 0, 40)], cached_rows((1, 1), (2, 1))),
+        StepPlan(4, [], decode_rows([1, 2, 3])),
+        StepPlan(5, [], decode_rows([1, 2, 3])),
+        StepPlan(6, [NewRequestData(4, prompts[4], greedy, blocks[4], 0, 80)], decode_rows([1, 2, 3])),
+        StepPlan(7, [], decode_rows([1, 2, 3, 4])),
+    ]
+    for plan in plans:
+        out = runner.execute(plan)
+        sizes.append(out.graph_size)
+        for r, t in out.sampled().items():
+            tokens[r].append(t)
+    return tokens, sizes
+
+
+def mixed_logits_graph_and_eager(runner: ModelRunner, num_decode: int, chunk: int
+                                 ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One mixed step (num_decode decode rows beside a new chunk-token prompt) through its
+    graph and eagerly on the same inputs -> [num_decode + 1, V] twice, and the graph's size."""
+    d = Driver(runner, num_decode)
+    info = runner.info()
+    blocks_per = -(-256 // info.block_size)
+    first = 1 + (num_decode + 1) * blocks_per
+    prompt = torch.randint(2, info.vocab_size, (chunk,), generator=torch.Generator().manual_seed(1)).tolist()
+    new = NewRequestData(999, prompt, SamplerParams(), list(range(first, first + blocks_per)), 0, chunk)
+    plan = StepPlan(99, [new], decode_rows(d.req_ids))
+    with torch.inference_mode():
+        step = runner._prepare(runner._update_states(plan))
+        shape = runner.graphs.shape_for(step)
+        graph_logits = runner._forward(step, runner._copy_inputs(step, shape), shape)[0].clone()
+        eager_logits = runner._forward(step, runner._copy_inputs(step, None), None)[0]
+    return graph_logits, eager_logits, shape.num_tokens

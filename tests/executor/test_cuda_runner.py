@@ -36,7 +36,7 @@ def test_bf16_tiny_and_prefill_too_large_for_graphs_runs_eagerly(tmp_path):
     from tests.executor.cuda_helpers import Driver, cuda_runner
 
     runner = cuda_runner(build_random_model(tmp_path / "q3", "tiny-qwen3", dtype=torch.bfloat16),
-                         cuda_graph_sizes=(1, 2), num_kv_blocks=256)
+                         cuda_graph_sizes=(1, 2), mixed_cuda_graph_sizes=(), num_kv_blocks=256)
     assert runner.info().dtype == "bfloat16" and runner.info().cuda_graph_sizes == (1, 2)
     d = Driver(runner, 3)
     assert d.decode(2) == [0, 0]  # 3 rows > largest graph: eager
@@ -87,7 +87,35 @@ def test_launch_never_syncs_and_pipelined_tokens_equal_sequential(tiny_runner, g
         params = SamplerParams(temperature=0.7, top_k=20, top_p=0.9, seed=3)
         new = NewRequestData(9, list(range(2, 50)), params, list(range(400, 404)), 0, 48)
         out = runner.finish(launch_without_sync(runner, StepPlan(200, [new])))
-        assert out.req_ids == [9] and out.graph_size == 0
+        assert out.req_ids == [9] and out.graph_size == (64 if graphs else 0)  # a mixed graph
     finally:
         runner.use_graphs(True)
         runner.reset()
+
+
+def test_mixed_graphs_tokens_equal_eager(tiny_runner):
+    """Chunked prefill, prefills beside decode rows, admissions mid-stream: the mixed graphs
+    (padded to the next token count) give the tokens of eager steps."""
+    from tests.executor.cuda_helpers import mixed_scenario
+
+    graphs = mixed_scenario(tiny_runner)
+    tiny_runner.use_graphs(False)
+    try:
+        eager = mixed_scenario(tiny_runner)
+    finally:
+        tiny_runner.use_graphs(True)
+    assert graphs[0] == eager[0]
+    assert graphs[1] == [32, 64, 64, 4, 4, 96, 4] and eager[1] == [0] * 7
+
+
+def test_llama_1b_shape_mixed_graph_logits_match_eager(tmp_path):
+    from executor_svc.random_model import build_random_model
+    from tests.executor.cuda_helpers import cuda_runner, mixed_logits_graph_and_eager
+
+    path = build_random_model(tmp_path / "1b", "llama-1b", dtype=torch.bfloat16, device="cuda")
+    runner = cuda_runner(path, cuda_graph_sizes=(1, 4), mixed_cuda_graph_sizes=(64, 512))
+    for num_decode, chunk, size in ((3, 40, 64), (60, 300, 512)):
+        g, e, got = mixed_logits_graph_and_eager(runner, num_decode, chunk)
+        assert got == size and g.shape == e.shape == (num_decode + 1, runner.info().vocab_size)
+        assert ((g - e).abs().max() / e.abs().max()).item() < 3e-2
+        assert (g.argmax(-1) == e.argmax(-1)).float().mean().item() >= 0.9

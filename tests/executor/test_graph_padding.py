@@ -10,7 +10,7 @@ import pytest
 from executor_svc.cuda_graphs import GraphRunner
 from executor_svc.model_runner import ModelRunner
 from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
-from tests.executor.conftest import decode_rows, hf_greedy, make_runner
+from tests.executor.conftest import cached_rows, decode_rows, hf_greedy, make_runner
 
 PROMPTS = {1: list(range(3, 40)), 2: [7, 99, 12, 300, 41], 3: list(range(100, 120))}
 
@@ -21,16 +21,16 @@ class EagerGraphs(GraphRunner):
     def capture(self):
         pass
 
-    def replay(self, size):
-        self._run(size, self._metadata(size))
-        return self.logits[:size]
+    def replay(self, shape):
+        self._run(shape, self._metadata(shape))
+        return self.logits[:shape.num_reqs]
 
 
-def runner_with_eager_graphs(path, sizes) -> ModelRunner:
+def runner_with_eager_graphs(path, sizes, mixed_sizes=()) -> ModelRunner:
     """A CPU runner (built as usual) whose graph runner is an EagerGraphs over its own parts."""
     base = make_runner(path)
     graphs = EagerGraphs(base.model, base.buffers, base.kv_caches, base.batch.last_sampled_gpu, sizes,
-                         base.limits.max_model_len)
+                         base.limits.max_model_len, mixed_sizes)
     info = dataclasses.replace(base.info(), cuda_graph_sizes=tuple(graphs.sizes))
     return ModelRunner(base.model, base.kv_caches, base.batch, base.buffers, base.limits, info, graphs)
 
@@ -75,3 +75,39 @@ def test_use_graphs_switches_between_replay_and_eager(model_dirs, hf_models):
         got += out.token_ids
     assert sizes == [1, 0, 1, 0]
     assert got == hf_greedy(hf_models["tiny-qwen2"], prompt, 5)
+
+
+def test_mixed_steps_replay_padded_mixed_graphs_and_match_transformers(model_dirs, hf_models):
+    """Chunked prefill, a prefill beside decode rows and admissions mid-stream, each through a
+    mixed graph of the next token count up (8 rows: every padded request and token harmless);
+    pure decode through the decode graphs; prompt logprobs and steps past 64 tokens eagerly."""
+    runner = runner_with_eager_graphs(model_dirs["tiny-qwen2"], (1, 2, 4, 8), (16, 32, 64))
+    greedy = SamplerParams()
+    long_prompt = list(range(3, 80))  # 77 tokens
+    blocks = {r: [8 * r + i for i in range(8)] for r in (1, 2, 3, 4)}
+    got = {r: [] for r in blocks}
+    sizes = []
+
+    def run(step, new=(), cached=()):
+        out = runner.execute(StepPlan(step, list(new), cached_rows(*cached)))
+        sizes.append(out.graph_size)
+        for r, t in out.sampled().items():
+            got[r].append(t)
+
+    run(1, [NewRequestData(1, PROMPTS[1], greedy, blocks[1], 0, 20)])  # 20 of 37: samples nothing
+    run(2, [NewRequestData(2, PROMPTS[2], greedy, blocks[2], 0, 5)], [(1, 17)])  # 22 tokens
+    run(3, [NewRequestData(3, PROMPTS[3], greedy, blocks[3], 0, 20)], [(1, 1), (2, 1)])  # 22
+    for step in range(4, 7):
+        run(step, cached=[(1, 1), (2, 1), (3, 1)])
+    run(7, [NewRequestData(4, long_prompt, greedy, blocks[4], 0, 77)], [(1, 1), (2, 1), (3, 1)])  # 80
+    for step in range(8, 10):
+        run(step, cached=[(1, 1), (2, 1), (3, 1), (4, 1)])
+    assert sizes == [32, 32, 32, 4, 4, 4, 0, 4, 4]
+    prompts = {**PROMPTS, 4: long_prompt}
+    for r, tokens in got.items():
+        assert tokens == hf_greedy(hf_models["tiny-qwen2"], prompts[r], len(tokens)), r
+    assert [len(got[r]) for r in (1, 2, 3, 4)] == [8, 8, 7, 3]
+
+    logprobs = SamplerParams(prompt_logprobs=2)  # needs every token's hidden state: eager
+    out = runner.execute(StepPlan(10, [NewRequestData(5, PROMPTS[2], logprobs, [40, 41], 0, 5)]))
+    assert out.graph_size == 0 and out.prompt_logprobs is not None

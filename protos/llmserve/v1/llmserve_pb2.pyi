@@ -228,7 +228,7 @@ class GetServerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerStatusResponse(_message.Message):
-    __slots__ = ("total_blocks", "free_blocks", "used_blocks", "num_running", "num_waiting", "num_steps", "executor_busy_us", "num_graph_steps", "executor_available", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate")
+    __slots__ = ("total_blocks", "free_blocks", "used_blocks", "num_running", "num_waiting", "num_steps", "executor_busy_us", "num_graph_steps", "executor_available", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate", "step_timings")
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     USED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,7 @@ class GetServerStatusResponse(_message.Message):
     PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     total_blocks: int
     free_blocks: int
     used_blocks: int
@@ -253,4 +254,21 @@ class GetServerStatusResponse(_message.Message):
     prefix_cache_queries: int
     prefix_cache_hits: int
     prefix_cache_hit_rate: float
-    def __init__(self, total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., used_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_steps: _Optional[int] = ..., executor_busy_us: _Optional[int] = ..., num_graph_steps: _Optional[int] = ..., executor_available: _Optional[bool] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ...) -> None: ...
+    step_timings: StepTimings
+    def __init__(self, total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., used_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_steps: _Optional[int] = ..., executor_busy_us: _Optional[int] = ..., num_graph_steps: _Optional[int] = ..., executor_available: _Optional[bool] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., step_timings: _Optional[_Union[StepTimings, _Mapping]] = ...) -> None: ...
+
+class StepTimings(_message.Message):
+    __slots__ = ("schedule_us", "apply_us", "result_wait_us", "executor_queued_us", "executor_launch_us", "device_idle_us")
+    SCHEDULE_US_FIELD_NUMBER: _ClassVar[int]
+    APPLY_US_FIELD_NUMBER: _ClassVar[int]
+    RESULT_WAIT_US_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_QUEUED_US_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_LAUNCH_US_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDLE_US_FIELD_NUMBER: _ClassVar[int]
+    schedule_us: int
+    apply_us: int
+    result_wait_us: int
+    executor_queued_us: int
+    executor_launch_us: int
+    device_idle_us: int
+    def __init__(self, schedule_us: _Optional[int] = ..., apply_us: _Optional[int] = ..., result_wait_us: _Optional[int] = ..., executor_queued_us: _Optional[int] = ..., executor_launch_us: _Optional[int] = ..., device_idle_us: _Optional[int] = ...) -> None: ...

@@ -13,7 +13,7 @@ from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import FinishReason
 from scheduler_svc.engine.stats import STEP_TIME_BUCKETS, EngineStats, StatsLogger
 from scheduler_svc.messages import CoreStats
-from step_protocol.domain import StepPlan
+from step_protocol.domain import StepPlan, StepResult
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy/grafana/llmserve-dashboard.json"
 
@@ -73,7 +73,7 @@ def test_engine_snapshot_gauges_counters_and_step_histogram():
                       prefix_cache_queries=88, prefix_cache_hits=32, num_preemptions=5)
     es = EngineStats(stats)
     for us, graph in [(800, 0), (3000, 4), (3000, 4), (10_000_000, 0)]:  # 0.8 ms, 3 ms, 3 ms, 10 s
-        es.on_result(SimpleNamespace(prepare_us=0, forward_us=us, sample_us=0, graph_size=graph))
+        es.on_result(StepResult(0, prepare_us=0, forward_us=us, sample_us=0, graph_size=graph))
     es.on_plan(StepPlan(step_id=0, preempted_req_ids=[4, 5]))
     assert es.take_scheduled() == []
     s = _samples(_bound(stats))

@@ -32,7 +32,7 @@ def prompt_entries(stream):
             for t, lp, r, ids, lps in stream.prompt_logprobs.entries()]
 
 
-@pytest.mark.parametrize("ahead", [False, True])
+@pytest.mark.parametrize("ahead", [False, True, 3])
 def test_logprobs_travel_with_their_tokens_cut_to_each_request_s_top_n(ahead):
     s = make_scheduler(max_num_batched_tokens=8, long_prefill_token_threshold=3)  # chunked prefills
     requests = [req(0, PROMPT, 9, ignore_eos=True, logprobs=2),
@@ -48,7 +48,7 @@ def test_logprobs_travel_with_their_tokens_cut_to_each_request_s_top_n(ahead):
     assert [r.sampler_params.logprobs for p in plans for r in p.new_requests] == [2, 5, 0, -1]
 
 
-@pytest.mark.parametrize("ahead", [False, True])
+@pytest.mark.parametrize("ahead", [False, True, 3])
 def test_prompt_logprobs_come_once_with_the_first_token_of_a_chunked_prompt(ahead):
     s = make_scheduler(long_prefill_token_threshold=3)
     streams, _ = run(s, {0: [req(0, PROMPT, 4, prompt_logprobs=3), req(1, PROMPT, 3, prompt_logprobs=0)]},
@@ -58,7 +58,7 @@ def test_prompt_logprobs_come_once_with_the_first_token_of_a_chunked_prompt(ahea
     assert streams[0].logprobs is None
 
 
-@pytest.mark.parametrize("ahead", [False, True])
+@pytest.mark.parametrize("ahead", [False, True, 3])
 def test_prompt_logprobs_are_delivered_once_when_preemption_recomputes_the_prompt(ahead):
     # 9 usable blocks: request 1's 28-token prompt (chunks of 4) is preempted mid-prompt again
     # and again by request 0's decode; each time it recomputes the prompt from position 0.

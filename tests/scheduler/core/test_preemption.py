@@ -95,7 +95,7 @@ def test_preemption_is_invisible_in_outputs():
         return {0: [req(i, [i + 1] * (3 + i), max_tokens=12) for i in range(4)]}
 
     reference, _ = run(make_scheduler(), scenario(), ahead=False)
-    for ahead in (False, True):
+    for ahead in (False, True, 3, 4):
         streams, plans = run(tiny_scheduler_for(5), scenario(), ahead=ahead)
         assert sum(len(p.preempted_req_ids) for p in plans) > 0
         assert streams == reference

@@ -98,7 +98,7 @@ def test_at_least_one_token_is_computed_and_a_shared_block_never_written(prompt_
     assert streams[1].token_ids == reference_tokens(prompt[:prompt_len], 2)
 
 
-@pytest.mark.parametrize("ahead", [False, True])
+@pytest.mark.parametrize("ahead", [False, True, 3])
 def test_multi_turn_chat_reuses_the_previous_turn(ahead):
     s = make_scheduler(num_blocks=33, block_size=4)
     turn1 = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
@@ -214,7 +214,7 @@ def workload(seed: int):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("pool", ["large", "tiny"])
-@pytest.mark.parametrize("ahead", [False, True])
+@pytest.mark.parametrize("ahead", [False, True, 3])
 def test_outputs_identical_with_caching_on_and_off(seed, pool, ahead):
     # tiny: 20 usable blocks of 4 and prefill chunks of 6 tokens, so requests get preempted
     sizes = {"large": {}, "tiny": {"num_blocks": 21, "long_prefill_token_threshold": 6}}[pool]

@@ -27,12 +27,14 @@ def test_sample_requests_ids_seeds_and_prompt_logprobs():
     assert (one.req_id, one.params.seed, one.leader) == (3, 9, None)
 
 
-@pytest.mark.parametrize("ahead", [False, True])
+@pytest.mark.parametrize("ahead", [False, True, 3])
 def test_samples_hit_every_full_block_of_the_leader_s_prompt(ahead):
     s = make_scheduler(num_blocks=40, block_size=4)
     streams, plans = run(s, {0: samples(3)}, ahead=ahead, seeded=True)
     new = {r.req_id: r for p in plans for r in p.new_requests}
-    assert [p.step_id for p in plans if 11 in [r.req_id for r in p.new_requests]] == [2 if ahead else 1]
+    depth = ahead if ahead > 1 else ahead + 1  # False, True -> 1, 2
+    # admitted by the first plan made after sample 10's prompt step was applied
+    assert [p.step_id for p in plans if 11 in [r.req_id for r in p.new_requests]] == [depth]
     assert (new[10].num_computed_tokens, new[11].num_computed_tokens, new[12].num_computed_tokens) == (0, 12, 12)
     assert new[11].block_ids[:3] == new[12].block_ids[:3] == new[10].block_ids[:3]
     assert s.take_prefix_cache_stats() == (3 * 14, 2 * 12)  # exact: 3 blocks for each later sample
@@ -90,7 +92,7 @@ def test_without_prefix_caching_nothing_is_held():
     assert [r.req_id for r in short.schedule().new_requests] == [20, 21]
 
 
-@pytest.mark.parametrize("ahead", [False, True])
+@pytest.mark.parametrize("ahead", [False, True, 3])
 def test_aborting_every_sample_frees_everything(ahead):
     # aborted while the leader's prompt is in flight (samples still held), and later
     for abort_at in (1, 3, 6):
@@ -129,7 +131,7 @@ def test_a_preempted_leader_releases_its_samples():
     assert list(s.waiting) == [rs[0], rs[1]]
 
 
-@pytest.mark.parametrize("ahead", [False, True])
+@pytest.mark.parametrize("ahead", [False, True, 3])
 def test_samples_under_preemption_stream_what_single_requests_would(ahead):
     # a pool too small for all at once: samples and a long request preempt each other
     prompt = list(range(1, 10))

@@ -49,7 +49,7 @@ def test_sync_and_one_step_ahead_give_identical_outputs(name):
     assert reasons >= {(FinishReason.LENGTH, False), (FinishReason.EOS, False),
                        (FinishReason.STOP, True)}
     assert reference[100].num_outputs == 4 and reference[100].finish_reason == FinishReason.LENGTH
-    for ahead in (False, True):
+    for ahead in (False, True, 3, 4):
         streams, plans = run(make_scheduler(max_model_len=32, **CONFIGS[name]), scenario(),
                              ahead=ahead)
         assert streams == reference, (name, ahead)
@@ -81,7 +81,7 @@ def test_abort_under_both_patterns():
     aborted = {2, 5, 9}
     aborts = {4: [2], 7: [5], 12: [9]}
     reference, _ = run(make_scheduler(max_model_len=32), scenario(), ahead=False)
-    for ahead in (False, True):
+    for ahead in (False, True, 3, 4):
         streams, _ = run(make_scheduler(max_model_len=32, num_blocks=13, block_size=4),
                          scenario(), aborts, ahead=ahead)  # run() checks every block came back
         for req_id, s in streams.items():

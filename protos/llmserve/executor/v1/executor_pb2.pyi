@@ -149,7 +149,7 @@ class PromptLogprobs(_message.Message):
     def __init__(self, req_ids: _Optional[_Iterable[int]] = ..., first_positions: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Logprobs, _Mapping]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "req_ids", "token_ids", "prepare_us", "forward_us", "sample_us", "graph_size", "error", "logprobs", "prompt_logprobs")
+    __slots__ = ("step_id", "req_ids", "token_ids", "prepare_us", "forward_us", "sample_us", "graph_size", "error", "logprobs", "prompt_logprobs", "queued_us", "launch_us", "device_idle_us")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +160,9 @@ class StepResult(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_US_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_US_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDLE_US_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     req_ids: _containers.RepeatedScalarFieldContainer[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -170,7 +173,10 @@ class StepResult(_message.Message):
     error: str
     logprobs: Logprobs
     prompt_logprobs: PromptLogprobs
-    def __init__(self, step_id: _Optional[int] = ..., req_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., prepare_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., sample_us: _Optional[int] = ..., graph_size: _Optional[int] = ..., error: _Optional[str] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[PromptLogprobs, _Mapping]] = ...) -> None: ...
+    queued_us: int
+    launch_us: int
+    device_idle_us: int
+    def __init__(self, step_id: _Optional[int] = ..., req_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., prepare_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., sample_us: _Optional[int] = ..., graph_size: _Optional[int] = ..., error: _Optional[str] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[PromptLogprobs, _Mapping]] = ..., queued_us: _Optional[int] = ..., launch_us: _Optional[int] = ..., device_idle_us: _Optional[int] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
     __slots__ = ()
