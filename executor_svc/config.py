@@ -36,6 +36,10 @@ class ExecutorConfig:
     cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes to capture, ascending
     # token counts of the mixed (prefill / chunked prefill + decode) graphs, ascending
     mixed_cuda_graph_sizes: tuple[int, ...] = ()
+    # decode steps of at most this many tokens run the fused skinny GEMMs (kernels/skinny_gemm.py:
+    # norm + qkv, silu + down, o_proj, lm_head) instead of cuBLAS + separate norm / activation;
+    # 0 = off. 1 by default: measured faster at 1 row only (docs/kernels.md)
+    skinny_max_tokens: int = 1
     max_logprobs: int = 20  # most top alternatives a request may ask per position (vLLM's name)
     # The secret every executor RPC but grpc.health.v1 must carry ("authorization: Bearer
     # <token>"): only the scheduler that knows it may reset, plan or stream (docs/hardening.md).
@@ -70,7 +74,8 @@ class ExecutorConfig:
             max_num_batched_tokens=max(max_tokens, max_num_seqs), max_model_len=ns.max_model_len,
             gpu_memory_utilization=ns.gpu_memory_utilization, num_kv_blocks=ns.num_kv_blocks,
             cpu_kv_cache_gib=ns.cpu_kv_cache_gib, enforce_eager=ns.enforce_eager,
-            cuda_graph_sizes=sizes, mixed_cuda_graph_sizes=mixed, max_logprobs=ns.max_logprobs, internal_token=ns.internal_token,
+            cuda_graph_sizes=sizes, mixed_cuda_graph_sizes=mixed, skinny_max_tokens=ns.skinny_max_tokens,
+            max_logprobs=ns.max_logprobs, internal_token=ns.internal_token,
             insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
         )
 
@@ -103,6 +108,13 @@ def _parse_sizes(text: str, max_num_seqs: int) -> tuple[int, ...]:
     return tuple(sorted(s for s in sizes if 0 < s <= max_num_seqs))
 
 
+def _skinny(text) -> int:
+    value = int(text)
+    if not 0 <= value <= 16:
+        raise argparse.ArgumentTypeError(f"must be 0..16 (the skinny kernels' most rows), got {value}")
+    return value
+
+
 def _env(flag: str, default):
     return os.environ.get(ENV_PREFIX + flag.upper().replace("-", "_"), default)
 
@@ -132,6 +144,8 @@ def _parser() -> argparse.ArgumentParser:
     add("mixed-cuda-graph-sizes", str, "", "comma-separated token counts of the graphs for "
         "prefill and mixed steps (default: 32, 64, ... 512, 640, ... 1024); none = such steps "
         "run eagerly")
+    add("skinny-max-tokens", _skinny, 1, "decode steps of at most this many tokens (0-16) use the "
+        "fused skinny GEMM kernels on CUDA; 0 = cuBLAS always")
     add("max-logprobs", int, 20, "most top alternatives per position a request may ask for "
         "(logprobs, prompt_logprobs); decode graphs extract this many when a request asks")
     add("internal-token", str, os.environ.get(SHARED_TOKEN_ENV, ""),

@@ -12,14 +12,26 @@ import torch
 from torch import nn
 
 from kernels import (  # noqa: F401 - the kernels the model calls (docs/contracts.md)
+    SKINNY_MAX_M,
     paged_attention,
     paged_decode_attention,
     rms_norm,
+    rms_norm_linear,
     rotary_embedding,
     rotary_write_kv,
     silu_and_mul,
+    silu_mul_linear,
+    skinny_linear,
     write_kv,
 )
+
+
+def use_skinny(x: torch.Tensor, max_tokens: int) -> bool:
+    """Whether rows x [T, ...] take the skinny-GEMM path (kernels/skinny_gemm.py): CUDA tensors
+    and 1 <= T <= min(max_tokens, SKINNY_MAX_M); max_tokens 0 = never. Depends on the device
+    and host ints only, never on tensor values, so a CUDA graph records the path every replay
+    of its size takes."""
+    return x.is_cuda and 0 < x.shape[0] <= min(max_tokens, SKINNY_MAX_M)
 
 
 class RMSNorm(nn.Module):

@@ -276,8 +276,9 @@ class _Timer:
         return self.marks[-1] if self.cuda else None
 
     def elapsed_us(self) -> tuple[int, int]:
-        """(forward incl. the input copies, sample) in µs; on CUDA only after wait()."""
-        start, b, c = self.marks[0], self.marks[-2], self.marks[-1]
+        """(forward, sample) in µs; on CUDA only after wait(). Counted from the mark after the
+        input copies: the first mark may wait for the host (it times the device idle only)."""
+        start, b, c = self.marks[1], self.marks[2], self.marks[3]
         if self.cuda:
             return int(start.elapsed_time(b) * 1e3), int(b.elapsed_time(c) * 1e3)
         return int((b - start) * 1e6), int((c - b) * 1e6)

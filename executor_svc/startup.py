@@ -43,6 +43,8 @@ def build_runner(config: ExecutorConfig) -> ModelRunner:
     hf_config = loader.load_hf_config(model_path)  # ModelError: not a model folder, or not implemented
     max_model_len = model_checks.served_max_model_len(hf_config, config.max_model_len)  # before the weights
     model = loader.load_model(model_path, device, dtype, hf_config)
+    # before any warm-up or capture: a skinny kernel tunes itself (and syncs) at its first call
+    model.skinny_max_tokens = config.skinny_max_tokens if device.type == "cuda" else 0
     log.info("loaded %s in %.2f s", model_path, time.perf_counter() - t0)
     args = model.args
     limits = StepLimits(config.block_size, max_model_len, config.max_num_seqs,

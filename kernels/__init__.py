@@ -19,7 +19,13 @@ __all__ = [
     "rotary_embedding",
     "gumbel_sample",
     "rotary_write_kv",
+    "skinny_linear",
+    "rms_norm_linear",
+    "silu_mul_linear",
+    "SKINNY_MAX_M",
 ]
+
+SKINNY_MAX_M = 16  # the most rows the skinny GEMMs take (kernels/skinny_gemm.py MAX_M)
 
 
 def write_kv(
@@ -156,3 +162,43 @@ def gumbel_sample(
 
         return gumbel_sample_triton(logits, temperature, seeds, positions)
     return reference.gumbel_sample_reference(logits, temperature, seeds, positions)
+
+
+def skinny_linear(
+    x: torch.Tensor,  # [M, K], M <= SKINNY_MAX_M on CUDA
+    w: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,  # [N]
+    out: torch.Tensor | None = None,  # [M, N] in x's dtype
+) -> torch.Tensor:
+    """x @ w^T (+ bias) in x's dtype, fp32 accumulation; the weight-read-bound decode GEMM."""
+    if x.is_cuda:
+        from kernels.skinny_gemm import skinny_linear_triton
+
+        return skinny_linear_triton(x, w, bias, out)
+    y = reference.skinny_linear_reference(x, w, bias)
+    return y if out is None else out.copy_(y)
+
+
+def rms_norm_linear(
+    x: torch.Tensor,  # [M, K]
+    residual: torch.Tensor | None,  # [M, K]
+    norm_weight: torch.Tensor,  # [K]
+    eps: float,
+    w: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,  # [N]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x [+ residual]) * norm_weight) @ w^T (+ bias) -> (y [M, N], new residual)."""
+    if x.is_cuda:
+        from kernels.skinny_gemm import rms_norm_linear_triton
+
+        return rms_norm_linear_triton(x, residual, norm_weight, eps, w, bias)
+    return reference.rms_norm_linear_reference(x, residual, norm_weight, eps, w, bias)
+
+
+def silu_mul_linear(gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """(silu(gate_up[:, :I]) * gate_up[:, I:]) @ w [N, I]^T -> [M, N] in gate_up's dtype."""
+    if gate_up.is_cuda:
+        from kernels.skinny_gemm import silu_mul_linear_triton
+
+        return silu_mul_linear_triton(gate_up, w)
+    return reference.silu_mul_linear_reference(gate_up, w)

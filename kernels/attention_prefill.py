@@ -50,7 +50,7 @@ def _paged_prefill_kernel(
     num_seqs,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,  # num_seqs.bit_length(): enough halvings of [0, num_seqs)
+    SEARCH_STEPS: tl.constexpr,  # >= num_seqs.bit_length(): enough halvings of [0, num_seqs)
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -168,7 +168,9 @@ def paged_attention_triton(
         window, num_seqs,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=64, SLIDING=window > 0,
-        SEARCH_STEPS=num_seqs.bit_length(),
+        # at least 9 halvings (up to 511 sequences): one compiled variant for every batch a
+        # server runs, not one per bit length compiled while it serves
+        SEARCH_STEPS=max(num_seqs.bit_length(), 9),
         num_warps=4 if head_dim <= 64 else 8, num_stages=2,  # no register spills on sm_90
     )
     return out

@@ -139,6 +139,43 @@ def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
     return (torch.nn.functional.silu(xf[..., :inter]) * xf[..., inter:]).to(x.dtype)
 
 
+
+def skinny_linear_reference(
+    x: torch.Tensor,  # [M, K]
+    w: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,  # [N]
+) -> torch.Tensor:
+    """x @ w^T (+ bias): the product and the bias add in float32, rounded once to x's dtype."""
+    y = x.float() @ w.float().t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def rms_norm_linear_reference(
+    x: torch.Tensor,  # [M, K]
+    residual: torch.Tensor | None,  # [M, K]
+    norm_weight: torch.Tensor,  # [K]
+    eps: float,
+    w: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,  # [N]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm_reference then skinny_linear_reference: returns (y [M, N], new residual [M, K]),
+    the new residual being x + residual rounded to x's dtype, or x itself when residual is None."""
+    if residual is None:
+        h, new_residual = rms_norm_reference(x, norm_weight, eps), x
+    else:
+        h, new_residual = rms_norm_reference(x, norm_weight, eps, residual)
+    return skinny_linear_reference(h, w, bias), new_residual
+
+
+def silu_mul_linear_reference(
+    gate_up: torch.Tensor,  # [M, 2I]
+    w: torch.Tensor,  # [N, I]
+) -> torch.Tensor:
+    """silu_and_mul_reference (rounded to the dtype) then skinny_linear_reference: [M, N]."""
+    return skinny_linear_reference(silu_and_mul_reference(gate_up), w)
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
     # x: [T, H, D] float32; cos, sin: [T, 1, D/2]
     half = x.shape[-1] // 2

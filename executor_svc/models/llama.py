@@ -80,12 +80,18 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_cache: KVCache, cos_sin_cache: torch.Tensor) -> torch.Tensor:
-        t = x.shape[0]
+        return self.o_proj(self.attend(self.qkv_proj(x), positions, attn, kv_cache, cos_sin_cache))
+
+    def attend(self, qkv: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+               kv_cache: KVCache, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+        """The fused projection qkv [T, q_size + 2 kv_size] -> attention output [T, q_size]
+        (before o_proj); writes this step's k and v into the cache."""
+        t = qkv.shape[0]
         k_cache, v_cache = kv_cache
         # One launch: [Qwen3 q/k norm] + rope on q and k + k, v into the paged cache; q comes back
         # as a new contiguous [T, nh, D] tensor.
         q = layers.rotary_write_kv(
-            positions, self.qkv_proj(x), cos_sin_cache, k_cache, v_cache, attn.slot_mapping,
+            positions, qkv, cos_sin_cache, k_cache, v_cache, attn.slot_mapping,
             self.num_heads, self.num_kv_heads, self.head_dim,
             q_norm_weight=self.q_norm.weight if self.q_norm is not None else None,
             k_norm_weight=self.k_norm.weight if self.k_norm is not None else None,
@@ -98,7 +104,7 @@ class Attention(nn.Module):
             o = layers.paged_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
                                        attn.query_start_loc, self.scale, attn.max_query_len,
                                        attn.max_seq_len, self.sliding_window)
-        return self.o_proj(o.reshape(t, self.q_size))
+        return o.reshape(t, self.q_size)
 
 
 class MLP(nn.Module):
@@ -119,8 +125,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x, residual, positions, attn, kv_cache, cos_sin_cache):
-        """x: this layer's input delta [T, H]; residual: the running sum (None at layer 0)."""
+    def forward(self, x, residual, positions, attn, kv_cache, cos_sin_cache, skinny: bool = False):
+        """x: this layer's input delta [T, H]; residual: the running sum (None at layer 0).
+        skinny: run the fused decode path (layers.use_skinny decides it, from host ints)."""
+        if skinny:
+            return self._forward_skinny(x, residual, positions, attn, kv_cache, cos_sin_cache)
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
@@ -129,9 +138,28 @@ class DecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
+    def _forward_skinny(self, x, residual, positions, attn, kv_cache, cos_sin_cache):
+        """The same layer in four skinny GEMM launches (kernels/skinny_gemm.py): each RMSNorm is
+        the prologue of the GEMM after it, silu_and_mul the prologue of down_proj."""
+        attn_mod, mlp = self.self_attn, self.mlp
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        qkv, residual = layers.rms_norm_linear(x, residual, norm1.weight, norm1.eps,
+                                               attn_mod.qkv_proj.weight, attn_mod.qkv_proj.bias)
+        o = attn_mod.attend(qkv, positions, attn, kv_cache, cos_sin_cache)
+        h = layers.skinny_linear(o, attn_mod.o_proj.weight, attn_mod.o_proj.bias)
+        gate_up, residual = layers.rms_norm_linear(h, residual, norm2.weight, norm2.eps,
+                                                   mlp.gate_up_proj.weight, mlp.gate_up_proj.bias)
+        return layers.silu_mul_linear(gate_up, mlp.down_proj.weight), residual
+
 
 class LlamaForCausalLM(nn.Module):
-    """Decoder stack + LM head. Parameter names follow transformers, with fused qkv/gate_up."""
+    """Decoder stack + LM head. Parameter names follow transformers, with fused qkv/gate_up.
+
+    skinny_max_tokens: steps of 1..skinny_max_tokens tokens on CUDA (and compute_logits of as
+    many rows) run the fused skinny-GEMM decode path; 0 (the default) = off. Start-up sets it
+    (at most kernels.SKINNY_MAX_M) before warm-up and graph capture."""
+
+    skinny_max_tokens: int = 0
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -152,14 +180,18 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[KVCache]) -> torch.Tensor:
         """input_ids, positions: [T] int64 -> hidden states [T, H] (final norm applied)."""
         x, residual = self.embed_tokens(input_ids), None
+        skinny = layers.use_skinny(x, self.skinny_max_tokens)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, positions, attn, kv_cache, self.cos_sin_cache)
+            x, residual = layer(x, residual, positions, attn, kv_cache, self.cos_sin_cache, skinny)
         x, _ = self.norm(x, residual)
         return x
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [N, H] -> logits [N, V] float32; with `out` ([N, V], model dtype), writes the
         unconverted logits there instead (CUDA graphs share one output buffer that way)."""
+        if layers.use_skinny(hidden, self.skinny_max_tokens):
+            logits = layers.skinny_linear(hidden, self.lm_head.weight, out=out)
+            return logits if out is not None else logits.float()
         if out is not None:
             return torch.matmul(hidden, self.lm_head.weight.t(), out=out)
         return self.lm_head(hidden).float()

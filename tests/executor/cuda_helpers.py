@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.config import ExecutorConfig
+from executor_svc.config import ExecutorConfig, default_mixed_cuda_graph_sizes
 from executor_svc.model_runner import ModelRunner
 from executor_svc.startup import build_runner
 from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
@@ -12,8 +12,11 @@ from tests.executor.conftest import decode_rows
 
 
 def cuda_runner(path, **kw) -> ModelRunner:
+    """A CUDA runner built from an ExecutorConfig (whose field defaults are not from_args'
+    defaults: the graph sizes are given here, mixed ones as the executor's default)."""
     base = dict(model=str(path), device="cuda", dtype="bfloat16", max_num_seqs=64,
-                max_num_batched_tokens=2048, cuda_graph_sizes=(1, 2, 4, 8, 16, 32, 64))
+                max_num_batched_tokens=2048, cuda_graph_sizes=(1, 2, 4, 8, 16, 32, 64),
+                mixed_cuda_graph_sizes=default_mixed_cuda_graph_sizes(2048))
     return build_runner(ExecutorConfig(**{**base, **kw}))
 
 
@@ -123,8 +126,9 @@ def mixed_logits_graph_and_eager(runner: ModelRunner, num_decode: int, chunk: in
     graph and eagerly on the same inputs -> [num_decode + 1, V] twice, and the graph's size."""
     d = Driver(runner, num_decode)
     info = runner.info()
-    blocks_per = -(-256 // info.block_size)
-    first = 1 + (num_decode + 1) * blocks_per
+    blocks_per = -(-256 // info.block_size)  # what Driver gave each of its requests
+    first = 1 + num_decode * blocks_per
+    blocks_per = -(-(chunk + 16) // info.block_size)
     prompt = torch.randint(2, info.vocab_size, (chunk,), generator=torch.Generator().manual_seed(1)).tolist()
     new = NewRequestData(999, prompt, SamplerParams(), list(range(first, first + blocks_per)), 0, chunk)
     plan = StepPlan(99, [new], decode_rows(d.req_ids))

@@ -1,0 +1,107 @@
+"""Skinny GEMMs (kernels/skinny_gemm.py) vs cuBLAS at decode row counts, on CUDA.
+
+    python -m benchmarks.skinny_bench [--models llama-1b smollm2-135m] [--rows 1 2 4 8 16]
+
+For each linear layer of a decode step: cuBLAS (torch.nn.functional.linear, after the separate
+rms_norm / silu_and_mul launch where the skinny path fuses one) against the skinny kernel. Each
+timing replays a CUDA graph that runs the op over enough copies of the weight to exceed the L2
+cache (>= 256 MB in all), so every call reads its weight from HBM as a decode step does, and
+launch gaps are those of a graph. Prints µs per call and GB/s of weight + activation bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+
+# name -> {layer: (N, K)}; hidden, intermediate, qkv from the model configs
+MODELS = {
+    "llama-1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
+                 "lm_head": (128256, 2048)},
+    "smollm2-135m": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
+                     "lm_head": (49152, 576)},
+}
+L2_SPAN_BYTES = 256 << 20
+EPS = 1e-5
+
+
+def _graph_time_us(calls: list[Callable[[], object]], reps: int = 10) -> float:
+    """Mean µs per call of a CUDA graph that makes every call once, replayed reps times."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for call in calls:  # warm-up: tuning, compilation, cuBLAS handles, off the capture
+            call()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (reps * len(calls))
+
+
+def _ops(layer: str, m: int, n: int, k: int, dtype: torch.dtype, copies: int):
+    """(cuBLAS calls, skinny calls, bytes per call) over `copies` weights of [N, K]."""
+    dev = "cuda"
+    weights = [torch.randn(n, k, device=dev, dtype=dtype) * 0.02 for _ in range(copies)]
+    x = torch.randn(m, k, device=dev, dtype=dtype)
+    residual, norm_w = torch.randn_like(x), torch.ones(k, device=dev, dtype=dtype)
+    gate_up = torch.randn(m, 2 * k, device=dev, dtype=dtype)
+    if layer in ("qkv", "gate_up"):  # the RMSNorm (with residual add) fused as prologue
+        base = [lambda w=w: F.linear(kernels.rms_norm(x, norm_w, EPS, residual)[0], w) for w in weights]
+        skinny = [lambda w=w: kernels.rms_norm_linear(x, residual, norm_w, EPS, w) for w in weights]
+        act_bytes = 3 * m * k
+    elif layer == "down":  # silu_and_mul fused as prologue
+        base = [lambda w=w: F.linear(kernels.silu_and_mul(gate_up), w) for w in weights]
+        skinny = [lambda w=w: kernels.silu_mul_linear(gate_up, w) for w in weights]
+        act_bytes = 2 * m * k
+    else:
+        base = [lambda w=w: F.linear(x, w) for w in weights]
+        skinny = [lambda w=w: kernels.skinny_linear(x, w) for w in weights]
+        act_bytes = m * k
+    return base, skinny, (n * k + act_bytes + m * n) * weights[0].element_size()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs CUDA")
+    dtype = getattr(torch, args.dtype)
+    print(f"{torch.cuda.get_device_name()}, {args.dtype}; cuBLAS = F.linear (+ separate norm / silu launch)")
+    print(f"{'model':<13} {'layer':<8} {'N x K':>13} {'M':>3} {'cuBLAS us':>10} {'GB/s':>6} "
+          f"{'skinny us':>10} {'GB/s':>6} {'speed-up':>8}")
+    for model in args.models:
+        totals = {m: [0.0, 0.0] for m in args.rows}
+        for layer, (n, k) in MODELS[model].items():
+            copies = max(2, min(512, -(-L2_SPAN_BYTES // (n * k * torch.finfo(dtype).bits // 8))))
+            for m in args.rows:
+                base, skinny, nbytes = _ops(layer, m, n, k, dtype, copies)
+                t_base, t_skinny = _graph_time_us(base), _graph_time_us(skinny)
+                totals[m][0] += t_base
+                totals[m][1] += t_skinny
+                print(f"{model:<13} {layer:<8} {f'{n}x{k}':>13} {m:>3} {t_base:>10.2f} {nbytes / t_base / 1e3:>6.0f} "
+                      f"{t_skinny:>10.2f} {nbytes / t_skinny / 1e3:>6.0f} {t_base / t_skinny:>7.2f}x")
+                del base, skinny
+                torch.cuda.empty_cache()
+        for m, (t_base, t_skinny) in totals.items():
+            print(f"{model:<13} {'sum':<8} {'(one layer+head)':>13} {m:>3} {t_base:>10.2f} {'':>6} {t_skinny:>10.2f} "
+                  f"{'':>6} {t_base / t_skinny:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
