@@ -72,13 +72,19 @@ def check_graph_tokens_equal_eager(runner: ModelRunner, num_reqs: int, num_steps
 def decode_logits_graph_and_eager(runner: ModelRunner, num_reqs: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """One decode step computed through its graph and eagerly on the same inputs -> [N, V] twice."""
     d = Driver(runner, num_reqs)
-    plan = StepPlan(99, [], decode_rows(d.req_ids))
+    graph_logits, eager_logits, shape = graph_and_eager_logits(runner, StepPlan(99, [], decode_rows(d.req_ids)))
+    return graph_logits, eager_logits, shape.num_reqs
+
+
+def graph_and_eager_logits(runner: ModelRunner, plan: StepPlan):
+    """The plan's step through its graph, then eagerly on the same inputs -> ([N, V], [N, V],
+    the graph's shape)."""
     with torch.inference_mode():
         step = runner._prepare(runner._update_states(plan))
         shape = runner.graphs.shape_for(step)
         graph_logits = runner._forward(step, runner._copy_inputs(step, shape), shape)[0].clone()
         eager_logits = runner._forward(step, runner._copy_inputs(step, None), None)[0]
-    return graph_logits, eager_logits, shape.num_reqs
+    return graph_logits, eager_logits, shape
 
 
 def launch_without_sync(runner: ModelRunner, plan: StepPlan):
@@ -131,10 +137,5 @@ def mixed_logits_graph_and_eager(runner: ModelRunner, num_decode: int, chunk: in
     blocks_per = -(-(chunk + 16) // info.block_size)
     prompt = torch.randint(2, info.vocab_size, (chunk,), generator=torch.Generator().manual_seed(1)).tolist()
     new = NewRequestData(999, prompt, SamplerParams(), list(range(first, first + blocks_per)), 0, chunk)
-    plan = StepPlan(99, [new], decode_rows(d.req_ids))
-    with torch.inference_mode():
-        step = runner._prepare(runner._update_states(plan))
-        shape = runner.graphs.shape_for(step)
-        graph_logits = runner._forward(step, runner._copy_inputs(step, shape), shape)[0].clone()
-        eager_logits = runner._forward(step, runner._copy_inputs(step, None), None)[0]
+    graph_logits, eager_logits, shape = graph_and_eager_logits(runner, StepPlan(99, [new], decode_rows(d.req_ids)))
     return graph_logits, eager_logits, shape.num_tokens
