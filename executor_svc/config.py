@@ -41,6 +41,9 @@ class ExecutorConfig:
     # 0 = off. 1 by default: measured faster at 1 row only (docs/kernels.md)
     skinny_max_tokens: int = 1
     max_logprobs: int = 20  # most top alternatives a request may ask per position (vLLM's name)
+    # "fp8": quantize every linear weight of an unquantized checkpoint to e4m3 at load, per
+    # output channel (vLLM's flag); "" = as the checkpoint is (an FP8 checkpoint is FP8 anyway)
+    quantization: str = ""
     # The secret every executor RPC but grpc.health.v1 must carry ("authorization: Bearer
     # <token>"): only the scheduler that knows it may reset, plan or stream (docs/hardening.md).
     internal_token: str = field(default="", repr=False)
@@ -75,7 +78,7 @@ class ExecutorConfig:
             gpu_memory_utilization=ns.gpu_memory_utilization, num_kv_blocks=ns.num_kv_blocks,
             cpu_kv_cache_gib=ns.cpu_kv_cache_gib, enforce_eager=ns.enforce_eager,
             cuda_graph_sizes=sizes, mixed_cuda_graph_sizes=mixed, skinny_max_tokens=ns.skinny_max_tokens,
-            max_logprobs=ns.max_logprobs, internal_token=ns.internal_token,
+            max_logprobs=ns.max_logprobs, quantization=ns.quantization, internal_token=ns.internal_token,
             insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
         )
 
@@ -115,6 +118,13 @@ def _skinny(text) -> int:
     return value
 
 
+def _quantization(text) -> str:
+    value = str(text).strip().lower()
+    if value not in ("", "none", "fp8"):
+        raise argparse.ArgumentTypeError(f"must be fp8 or none (the only weight quantization implemented), got {text!r}")
+    return "" if value == "none" else value
+
+
 def _env(flag: str, default):
     return os.environ.get(ENV_PREFIX + flag.upper().replace("-", "_"), default)
 
@@ -148,6 +158,8 @@ def _parser() -> argparse.ArgumentParser:
         "fused skinny GEMM kernels on CUDA; 0 = cuBLAS always")
     add("max-logprobs", int, 20, "most top alternatives per position a request may ask for "
         "(logprobs, prompt_logprobs); decode graphs extract this many when a request asks")
+    add("quantization", _quantization, "", "fp8 = quantize the linear weights to float8 e4m3 at load "
+        "(per output channel); none = as the checkpoint is (FP8 checkpoints load as FP8 anyway)")
     add("internal-token", str, os.environ.get(SHARED_TOKEN_ENV, ""),
         f"secret the scheduler must send (prefer the env var {ENV_PREFIX}INTERNAL_TOKEN or "
         f"{SHARED_TOKEN_ENV}: flags show in ps)")

@@ -1,5 +1,6 @@
 """Loads a Hugging Face model folder into our model: config via transformers (local files only,
-checked by model_checks), weights via safetensors."""
+checked by model_checks), weights via safetensors; FP8 projections (quantization/) from FP8
+checkpoints or quantized at load."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from safetensors import safe_open
 from executor_svc import model_checks
 from executor_svc.model_checks import ModelError
 from executor_svc.models.llama import LlamaForCausalLM, ModelArgs
+from executor_svc.quantization import fp8, schemes
 
 log = logging.getLogger(__name__)
 # checkpoint name piece -> (our fused parameter piece, index of the part in the fused tensor)
@@ -24,7 +26,8 @@ _FUSED = {
 
 def load_hf_config(path: str | Path):
     """The folder's config.json through transformers, local files only (never the Hub); checked
-    (model_checks.check_config). ModelError, one line, for anything we cannot serve."""
+    (model_checks.check_config; a quantization_config other than FP8 weights: schemes.weight_scheme).
+    ModelError, one line, for anything we cannot serve."""
     from transformers import AutoConfig
 
     path = Path(path)
@@ -36,25 +39,30 @@ def load_hf_config(path: str | Path):
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(f"{path / 'config.json'}: transformers cannot read it: {reason}") from None
     model_checks.check_config(cfg)
+    schemes.weight_scheme(cfg)
     return cfg
 
 
 def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype,
-               hf_config=None) -> LlamaForCausalLM:
+               hf_config=None, quantization: str = "") -> LlamaForCausalLM:
     """Builds the model for the folder's config.json (or hf_config, already loaded) and loads
-    its safetensors weights."""
+    its safetensors weights. quantization: --quantization ("" or "fp8"); an FP8 checkpoint is
+    FP8 either way."""
     path = Path(path)
     cfg = hf_config if hf_config is not None else load_hf_config(path)
     args = ModelArgs.from_hf_config(cfg)
+    scheme = schemes.weight_scheme(cfg, quantization)
     with torch.device("meta"):
         model = LlamaForCausalLM(args).to(dtype)
+        if scheme is not None:  # after .to(dtype), which would cast the fp8 weights
+            fp8.replace_linears(model, scheme, dtype, _fused_bounds(args))
     model = model.to_empty(device=device)
     if args.tie_word_embeddings:  # to_empty() unties: tie again
         model.lm_head.weight = model.embed_tokens.weight
     model.cos_sin_cache = model.cos_sin_cache.to(device=device, dtype=torch.float32)
     model.eval().requires_grad_(False)
     with torch.no_grad():
-        load_weights(model, path)
+        load_weights(model, path, scheme)
     return model
 
 
@@ -78,12 +86,18 @@ def _target(name: str) -> tuple[str, int | None]:
     return name, None
 
 
-def load_weights(model: LlamaForCausalLM, path: Path) -> None:
-    """Copies every checkpoint tensor into its (possibly fused) parameter; checks nothing is missing."""
-    args = model.args
-    params = dict(model.named_parameters())
+def _fused_bounds(args: ModelArgs) -> dict[str, list[int]]:
+    """Row bounds of the parts of each fused weight: q|k|v in qkv_proj, gate|up in gate_up_proj."""
     q, kv, inter = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim, args.intermediate_size
-    offsets = {"qkv_proj": [0, q, q + kv, q + 2 * kv], "gate_up_proj": [0, inter, 2 * inter]}
+    return {"qkv_proj": [0, q, q + kv, q + 2 * kv], "gate_up_proj": [0, inter, 2 * inter]}
+
+
+def load_weights(model: LlamaForCausalLM, path: Path, scheme: schemes.Fp8Scheme | None = None) -> None:
+    """Copies every checkpoint tensor into its (possibly fused) parameter; checks nothing is missing.
+    With an FP8 scheme, the projections' weights and scales go through Fp8Linear.load."""
+    args = model.args
+    params, modules = dict(model.named_parameters()), dict(model.named_modules())
+    offsets = _fused_bounds(args)
     loaded: set[str] = set()
     for file in _safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
@@ -91,18 +105,29 @@ def load_weights(model: LlamaForCausalLM, path: Path) -> None:
                 name, part = _target(ckpt_name)
                 if name == "lm_head.weight" and args.tie_word_embeddings:
                     continue
+                owner, _, leaf = name.rpartition(".")
+                if scheme is not None and scheme.static_input_scales and leaf in fp8.INPUT_SCALE_NAMES:
+                    continue  # static activation scales: the activations stay in the compute dtype
+                module = modules.get(owner)
+                bounds = offsets.get(owner.rpartition(".")[2]) if part is not None else None
+                rows = None if bounds is None else (bounds[part], bounds[part + 1])
+                suffix = "" if part is None else f"#{part}"
+                if isinstance(module, fp8.Fp8Linear) and leaf in ("weight", *fp8.SCALE_NAMES):
+                    filled = module.load(fp8.SCALE_NAMES.get(leaf, leaf), f.get_tensor(ckpt_name), rows,
+                                         not scheme.pre_quantized, ckpt_name)
+                    loaded.update(f"{owner}.{p}{suffix}" for p in filled)
+                    continue
                 if name not in params:
                     raise ModelError(f"unexpected weight {ckpt_name!r} in {file.name}")
-                param = params[name]
-                if part is not None:
-                    bounds = offsets[name.split(".")[-2]]
-                    param = param[bounds[part]:bounds[part + 1]]
-                    name = f"{name}#{part}"
+                param = params[name] if rows is None else params[name][rows[0]:rows[1]]
                 tensor = f.get_tensor(ckpt_name)
                 if tensor.shape != param.shape:
                     raise ModelError(f"{ckpt_name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+                if tensor.dtype.itemsize == 1 and tensor.is_floating_point():
+                    raise ModelError(f"{ckpt_name}: {tensor.dtype} weights where the config has no FP8 "
+                                     f"quantization for this tensor (refused, not cast)")
                 param.copy_(tensor)
-                loaded.add(name)
+                loaded.add(name + suffix)
     _check_complete(model, loaded)
 
 

@@ -3,7 +3,7 @@
 A `--model` that is not a folder with config.json, and a config whose fields change the
 outputs in ways models/llama.py does not implement (rope types other than default, linear,
 dynamic, yarn and llama3, per-layer-type rope, partial rotary, biases we do not have, another
-activation, ...). Served anyway,
+activation, ...; quantization_config: quantization/schemes.py). Served anyway,
 such a model would not fail: it would answer with plausible wrong text. Each refusal names
 the field and its value. Nothing here touches the network.
 """
@@ -62,10 +62,6 @@ def check_config(cfg) -> None:
     _refuse_if(model_type in ("llama", "qwen3") and getattr(cfg, "attention_bias", False),
                "attention_bias=True: attention projection biases are not implemented")
     _refuse_if(getattr(cfg, "mlp_bias", False), "mlp_bias=True: MLP biases are not implemented")
-    quantization = getattr(cfg, "quantization_config", None)
-    if quantization is not None:
-        raise ModelError(f"quantization_config={_brief(quantization)}: quantized checkpoints are not "
-                         f"implemented (serve the unquantized weights)")
     for name in ("attn_logit_softcapping", "final_logit_softcapping"):
         value = getattr(cfg, name, None)
         _refuse_if(value is not None, f"{name}={value}: logit soft-capping is not implemented")
@@ -156,8 +152,3 @@ def served_max_model_len(cfg, requested: int) -> int:
 def _refuse_if(condition: bool, message: str) -> None:
     if condition:
         raise ModelError(message)
-
-
-def _brief(value) -> str:
-    text = repr(value.get("quant_method", value) if isinstance(value, dict) else value)
-    return text if len(text) <= 60 else text[:57] + "..."

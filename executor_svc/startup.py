@@ -21,6 +21,7 @@ from executor_svc.cuda_graphs import GraphRunner
 from executor_svc.input_batch import InputBatch
 from executor_svc.model_runner import ModelRunner
 from executor_svc.models.llama import LlamaForCausalLM
+from executor_svc.quantization import fp8
 from executor_svc.sampler_graphs import SamplerGraphs
 from executor_svc.sampling_rows import SamplingRows
 from executor_svc.step_buffers import StepBuffers
@@ -42,9 +43,10 @@ def build_runner(config: ExecutorConfig) -> ModelRunner:
     t0 = time.perf_counter()
     hf_config = loader.load_hf_config(model_path)  # ModelError: not a model folder, or not implemented
     max_model_len = model_checks.served_max_model_len(hf_config, config.max_model_len)  # before the weights
-    model = loader.load_model(model_path, device, dtype, hf_config)
-    # before any warm-up or capture: a skinny kernel tunes itself (and syncs) at its first call
-    model.skinny_max_tokens = config.skinny_max_tokens if device.type == "cuda" else 0
+    model = loader.load_model(model_path, device, dtype, hf_config, config.quantization)
+    # before any warm-up or capture: a skinny kernel tunes itself (and syncs) at its first call;
+    # off for FP8 projections (the skinny kernels read dense weights)
+    model.skinny_max_tokens = config.skinny_max_tokens if device.type == "cuda" and not fp8.is_fp8(model) else 0
     log.info("loaded %s in %.2f s", model_path, time.perf_counter() - t0)
     args = model.args
     limits = StepLimits(config.block_size, max_model_len, config.max_num_seqs,
