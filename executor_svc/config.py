@@ -111,6 +111,20 @@ def _parse_sizes(text: str, max_num_seqs: int) -> tuple[int, ...]:
     return tuple(sorted(s for s in sizes if 0 < s <= max_num_seqs))
 
 
+def _size_list(text) -> str:
+    """A comma-separated list of positive ints (or "none", or empty), checked at parse time."""
+    text = str(text).strip()
+    if text.lower() in ("", "none"):
+        return text
+    try:
+        values = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers (or none), got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"sizes must be positive, got {text!r}")
+    return text
+
+
 def _skinny(text) -> int:
     value = int(text)
     if not 0 <= value <= 16:
@@ -150,8 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     add("gpu-memory-utilization", float, 0.9, "share of GPU memory to use")
     add("num-kv-blocks", int, 0, "number of KV blocks (0 = measure / from --cpu-kv-cache-gib)")
     add("cpu-kv-cache-gib", float, 1.0, "KV cache budget on CPU, GiB")
-    add("cuda-graph-sizes", str, "", "comma-separated decode batch sizes to capture")
-    add("mixed-cuda-graph-sizes", str, "", "comma-separated token counts of the graphs for "
+    add("cuda-graph-sizes", _size_list, "", "comma-separated decode batch sizes to capture")
+    add("mixed-cuda-graph-sizes", _size_list, "", "comma-separated token counts of the graphs for "
         "prefill and mixed steps (default: 32, 64, ... 512, 640, ... 1024); none = such steps "
         "run eagerly")
     add("skinny-max-tokens", _skinny, 1, "decode steps of at most this many tokens (0-16) use the "

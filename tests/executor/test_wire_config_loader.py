@@ -63,6 +63,22 @@ def test_config_flags_env_fallback_and_defaults(monkeypatch):
     assert cfg.cuda_graph_sizes == (1, 4)
 
 
+def test_graph_and_kernel_flags_defaults_and_refusals(capsys):
+    cfg = ExecutorConfig.from_args(["--device", "cpu", "--max-num-batched-tokens", "600"])
+    assert cfg.mixed_cuda_graph_sizes == tuple(range(32, 513, 32))  # within the token budget
+    assert cfg.skinny_max_tokens == 1 and cfg.quantization == ""
+    cfg = ExecutorConfig.from_args(["--device", "cpu", "--mixed-cuda-graph-sizes", "none", "--skinny-max-tokens", "0"])
+    assert cfg.mixed_cuda_graph_sizes == () and cfg.skinny_max_tokens == 0
+    assert ExecutorConfig.from_args(["--device", "cpu", "--mixed-cuda-graph-sizes", "96,1,48"]).mixed_cuda_graph_sizes == (48, 96)
+    for flag, value, needle in [("--mixed-cuda-graph-sizes", "64,abc", "comma-separated integers"),
+                                ("--cuda-graph-sizes", "8,-1", "must be positive"),
+                                ("--skinny-max-tokens", "17", "must be 0..16"),
+                                ("--quantization", "gptq", "must be fp8 or none")]:
+        with pytest.raises(SystemExit):
+            ExecutorConfig.from_args(["--device", "cpu", flag, value])
+        assert needle in capsys.readouterr().err, flag
+
+
 def test_internal_token_flags_env_precedence_and_repr(monkeypatch):
     from llmserve.launcher import services_env
     from scheduler_svc.config import from_args as scheduler_from_args
