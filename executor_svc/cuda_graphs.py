@@ -45,11 +45,6 @@ class GraphShape(NamedTuple):
     num_reqs: int  # B: requests, and rows of logits
     decode: bool  # one token per request: the decode kernel, every row's logits
 
-    @property
-    def label(self) -> int:
-        """What a step result reports as its graph size: the batch (decode) or token count."""
-        return self.num_tokens
-
 
 class GraphRunner:
     """Captures (at construction) and replays the decode graph of each batch size in `sizes`
@@ -69,8 +64,9 @@ class GraphRunner:
         limit = min(buffers.max_num_seqs, buffers.max_num_tokens)
         self.sizes = sorted({s for s in sizes if 0 < s <= limit})  # ascending
         self.mixed_sizes = sorted({t for t in mixed_sizes if 1 < t <= buffers.max_num_tokens})
-        self.shapes = ([GraphShape(s, s, True) for s in self.sizes]
-                       + [GraphShape(t, min(t, buffers.max_num_seqs), False) for t in self.mixed_sizes])
+        self.decode_shapes = [GraphShape(s, s, True) for s in self.sizes]
+        self.mixed_shapes = [GraphShape(t, min(t, buffers.max_num_seqs), False) for t in self.mixed_sizes]
+        self.shapes = self.decode_shapes + self.mixed_shapes
         self.graphs: dict[GraphShape, torch.cuda.CUDAGraph] = {}
         self.logits = self._output_buffer()  # [most rows of any graph, V] model dtype
         self.capture_s, self.pool_bytes = 0.0, 0  # measured by capture()
@@ -81,12 +77,10 @@ class GraphRunner:
         step takes a decode graph; any other step a mixed graph of at least its token count,
         unless it computes prompt logprobs (they need every token's hidden state)."""
         if step.is_decode and self.sizes and step.num_reqs <= self.sizes[-1]:
-            size = self.sizes[bisect.bisect_left(self.sizes, step.num_reqs)]
-            return GraphShape(size, size, True)
+            return self.decode_shapes[bisect.bisect_left(self.sizes, step.num_reqs)]
         if step.prompt_logprobs is not None or not self.mixed_sizes or step.num_tokens > self.mixed_sizes[-1]:
             return None
-        t = self.mixed_sizes[bisect.bisect_left(self.mixed_sizes, step.num_tokens)]
-        return GraphShape(t, min(t, self.buffers.max_num_seqs), False)
+        return self.mixed_shapes[bisect.bisect_left(self.mixed_sizes, step.num_tokens)]
 
     def replay(self, shape: GraphShape) -> torch.Tensor:
         """Replays the graph of `shape` over the (already copied and padded) static buffers ->

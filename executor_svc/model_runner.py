@@ -124,7 +124,7 @@ class ModelRunner:
             timer.mark()  # the step's start on the device: before its input copies
             attn = self._copy_inputs(step, shape)
             out.prepare_us = int((time.perf_counter() - t0) * 1e6)
-            out.graph_size = shape.label if shape is not None else 0
+            out.graph_size = shape.num_tokens if shape is not None else 0  # decode: = its batch
             timer.mark()
             logits, hidden = self._forward(step, attn, shape)  # [N, V]; [T, H] when eager
             timer.mark()
