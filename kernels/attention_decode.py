@@ -153,6 +153,8 @@ def paged_decode_attention_triton(
     out: torch.Tensor | None = None,  # [num_seqs, num_heads, head_dim]; allocated if None
     block_n: int | None = None,  # override (tuning): context tokens per tile
     sliding_window: int | None = None,  # host int; None / 0 = full attention
+    num_warps: int | None = None,  # override (tuning); default 4 for head dim <= 64, else 8
+    num_stages: int = 3,  # override (tuning)
 ) -> torch.Tensor:
     num_heads, num_kv_heads, head_dim, block_size = check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
     window = check_window(sliding_window)
@@ -194,7 +196,7 @@ def paged_decode_attention_triton(
         num_splits, window,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT=num_splits == 1, SLIDING=window > 0,
-        num_warps=4 if head_dim <= 64 else 8, num_stages=3,
+        num_warps=num_warps or (4 if head_dim <= 64 else 8), num_stages=num_stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
