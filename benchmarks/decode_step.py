@@ -17,7 +17,7 @@ def weight_bytes(runner: ModelRunner) -> int:
 
 
 def kv_bytes_per_token(runner: ModelRunner) -> int:
-    k_cache, _ = runner.kv_caches[0]
+    k_cache = runner.kv_caches[0].k
     per_layer = k_cache.shape[2] * k_cache.shape[3] * k_cache.element_size() * 2
     return per_layer * len(runner.kv_caches)
 

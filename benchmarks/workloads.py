@@ -38,3 +38,9 @@ def w5(total_tokens: int, num_requests: int = 64) -> Workload:
     prompt_len = total_tokens // 2
     return [([rng.randint(0, 10000) for _ in range(prompt_len)], total_tokens - prompt_len)
             for _ in range(num_requests)]
+
+
+def long_context(num_requests: int = 64) -> Workload:
+    """64 requests of 3,072-token prompts and 512 output tokens: attention (KV reads) dominates."""
+    rng = random.Random(8)
+    return [([rng.randint(0, 10000) for _ in range(3072)], 512) for _ in range(num_requests)]

@@ -44,6 +44,9 @@ class ExecutorConfig:
     # "fp8": quantize every linear weight of an unquantized checkpoint to e4m3 at load, per
     # output channel (vLLM's flag); "" = as the checkpoint is (an FP8 checkpoint is FP8 anyway)
     quantization: str = ""
+    # KV-cache storage (vLLM's --kv-cache-dtype): "auto" = the model dtype; "fp8" = float8 e4m3
+    # with per-layer float32 scales (1.0), half the bytes per block of bf16: twice the blocks
+    kv_cache_dtype: str = "auto"
     # The secret every executor RPC but grpc.health.v1 must carry ("authorization: Bearer
     # <token>"): only the scheduler that knows it may reset, plan or stream (docs/hardening.md).
     internal_token: str = field(default="", repr=False)
@@ -78,7 +81,8 @@ class ExecutorConfig:
             gpu_memory_utilization=ns.gpu_memory_utilization, num_kv_blocks=ns.num_kv_blocks,
             cpu_kv_cache_gib=ns.cpu_kv_cache_gib, enforce_eager=ns.enforce_eager,
             cuda_graph_sizes=sizes, mixed_cuda_graph_sizes=mixed, skinny_max_tokens=ns.skinny_max_tokens,
-            max_logprobs=ns.max_logprobs, quantization=ns.quantization, internal_token=ns.internal_token,
+            max_logprobs=ns.max_logprobs, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
+            internal_token=ns.internal_token,
             insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
         )
 
@@ -139,6 +143,17 @@ def _quantization(text) -> str:
     return "" if value == "none" else value
 
 
+def _kv_cache_dtype(text) -> str:
+    """vLLM's names: auto, fp8 and its alias fp8_e4m3 (-> "fp8"); fp8_e5m2 and the rest refused."""
+    value = str(text).strip().lower()
+    if value in ("auto", "fp8", "fp8_e4m3"):
+        return "fp8" if value == "fp8_e4m3" else value
+    if value == "fp8_e5m2":
+        raise argparse.ArgumentTypeError("fp8_e5m2 is not implemented: the FP8 KV cache is e4m3 "
+                                         "(use fp8 or fp8_e4m3)")
+    raise argparse.ArgumentTypeError(f"must be auto, fp8 or fp8_e4m3, got {text!r}")
+
+
 def _env(flag: str, default):
     return os.environ.get(ENV_PREFIX + flag.upper().replace("-", "_"), default)
 
@@ -174,6 +189,8 @@ def _parser() -> argparse.ArgumentParser:
         "(logprobs, prompt_logprobs); decode graphs extract this many when a request asks")
     add("quantization", _quantization, "", "fp8 = quantize the linear weights to float8 e4m3 at load "
         "(per output channel); none = as the checkpoint is (FP8 checkpoints load as FP8 anyway)")
+    add("kv-cache-dtype", _kv_cache_dtype, "auto", "KV-cache storage: auto = the model dtype; fp8 (or "
+        "fp8_e4m3) = float8 e4m3 with per-layer scales, twice the blocks in the same memory")
     add("internal-token", str, os.environ.get(SHARED_TOKEN_ENV, ""),
         f"secret the scheduler must send (prefer the env var {ENV_PREFIX}INTERNAL_TOKEN or "
         f"{SHARED_TOKEN_ENV}: flags show in ps)")

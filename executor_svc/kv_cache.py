@@ -1,4 +1,8 @@
-"""KV-cache memory: how many blocks fit, and the per-layer tensors. Block 0 is the null block."""
+"""KV-cache memory: how many blocks fit, and the per-layer tensors. Block 0 is the null block.
+
+The cache dtype is the model's (--kv-cache-dtype auto) or float8_e4m3fn (fp8: half the bytes of
+bf16, so twice the blocks in the same budget), with per-layer float32 K and V scales (1.0: vLLM's
+default for checkpoints without KV scales; dequantized = fp8 * scale)."""
 
 from __future__ import annotations
 
@@ -12,8 +16,16 @@ log = logging.getLogger(__name__)
 _GIB = 1 << 30
 
 
+KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn}  # --kv-cache-dtype values besides auto (config.py)
+
+
+def cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the KV cache is stored in: the model's for "auto", else KV_CACHE_DTYPES's."""
+    return model_dtype if kv_cache_dtype == "auto" else KV_CACHE_DTYPES[kv_cache_dtype]
+
+
 def block_bytes(args: ModelArgs, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one KV block over all layers (K and V)."""
+    """Bytes of one KV block over all layers (K and V), dtype being the cache's."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * args.num_layers * block_size * args.num_kv_heads * args.head_dim * elem
 
@@ -37,7 +49,14 @@ def cuda_kv_budget(device: torch.device, gpu_memory_utilization: float, peak_act
 
 def allocate_kv_caches(args: ModelArgs, num_blocks: int, block_size: int, dtype: torch.dtype,
                        device: torch.device) -> list[KVCache]:
-    """Per layer (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim], zeroed."""
+    """Per layer KVCache(k, v, k_scale, v_scale): k and v [num_blocks, block_size, num_kv_heads,
+    head_dim] in dtype (the cache's), zeroed; the scales float32 [1] ones on the device (the
+    kernels read them from there, so CUDA graphs see a later change)."""
     shape = (num_blocks, block_size, args.num_kv_heads, args.head_dim)
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    def one() -> torch.Tensor:
+        return torch.ones(1, dtype=torch.float32, device=device)
+
+    return [KVCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
+                    one(), one())
             for _ in range(args.num_layers)]

@@ -66,6 +66,7 @@ class ModelRunner:
         self._parity = 0  # host buffer set of the next launched step
         self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
         self._last_end: torch.cuda.Event | None = None  # completion event of the last launched step
+        self._stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None  # every step's
 
     def info(self) -> ExecutorInfo:
         """The handshake answer: what start-up loaded, allocated and captured."""
@@ -120,7 +121,7 @@ class ModelRunner:
             self.buffers.use_host(parity)
             step = self._prepare(scheduled)
             shape = self.graphs.shape_for(step) if self._graphs_on else None
-            timer = _Timer(self.device)
+            timer = _Timer(self.device, self._stream)
             timer.mark()  # the step's start on the device: before its input copies
             attn = self._copy_inputs(step, shape)
             out.prepare_us = int((time.perf_counter() - t0) * 1e6)
@@ -138,8 +139,8 @@ class ModelRunner:
                                                          step.prompt_logprobs)
             timer.mark()  # after the copies to the host: the step's completion event
         except BaseException:
-            if self.device.type == "cuda":  # copies out of this host set may still be pending
-                torch.cuda.current_stream(self.device).synchronize()
+            if self._stream is not None:  # copies out of this host set may still be pending
+                self._stream.synchronize()
             raise
         by_row = self.batch.states
         handle.req_ids = [by_row[r].req_id for r in step.sample_rows.tolist()]
@@ -213,7 +214,9 @@ class ModelRunner:
         `shape` replayed (no hidden states), or eagerly (shape None)."""
         if shape is not None:
             logits = self.graphs.replay(shape)  # [B, V] model dtype: the sampler reads it once
-            if shape.decode:  # row i = request i
+            if shape.decode and step.num_sample == step.num_reqs:  # every row samples: row i
+                return logits[:step.num_sample], None
+            if shape.decode:  # row i = request i; some rows (1-token prefill chunks) do not sample
                 return logits[attn.logits_indices], None
             return logits[:step.num_sample], None  # row i = token logits_indices[i]
         t = step.num_tokens
@@ -227,21 +230,25 @@ class ModelRunner:
         rows' last tokens on the device, counts them (if a row has penalties) and enqueues
         their copy (and their logprobs, if a row asked) to pinned host memory; finish() reads
         them after the event. Steps that replayed a decode graph of graph_size (0: eager or a
-        mixed graph) replay the captured processor/logprobs graphs of that size too."""
+        mixed graph) replay the captured sampler graphs of that size too: the sample graph when
+        every row samples without processors or top-k/top-p, else processors/logprobs graphs."""
         buf, n = self.buffers, step.num_sample
         graphs = self.sampler_graphs if graph_size else None
         tables = self.batch.sampling.tables
-        processed = logits
-        if step.need_processors:
-            processed = (graphs.processors(graph_size, n) if graphs is not None
-                         else apply_processors(logits, processor_params(buf, n), tables))
-        params = SamplingTensors(
-            temperature=buf.temperature.gpu[:n], top_k=buf.top_k.gpu[:n], top_p=buf.top_p.gpu[:n],
-            seeds=buf.seeds.gpu[:n], positions=buf.sample_positions.gpu[:n],
-            all_greedy=step.all_greedy, need_top_k_top_p=step.need_top_k_top_p)
-        sampled = sample(processed, params)  # [N] int64
         rows = buf.sample_rows.gpu[:n]
-        self.batch.last_sampled_gpu.index_copy_(0, rows, sampled)
+        if graphs is not None and n == step.num_reqs and not (step.need_processors or step.need_top_k_top_p):
+            sampled = graphs.sample(graph_size, n)  # the common decode step: one more replay
+        else:
+            processed = logits
+            if step.need_processors:
+                processed = (graphs.processors(graph_size, n) if graphs is not None
+                             else apply_processors(logits, processor_params(buf, n), tables))
+            params = SamplingTensors(
+                temperature=buf.temperature.gpu[:n], top_k=buf.top_k.gpu[:n], top_p=buf.top_p.gpu[:n],
+                seeds=buf.seeds.gpu[:n], positions=buf.sample_positions.gpu[:n],
+                all_greedy=step.all_greedy, need_top_k_top_p=step.need_top_k_top_p)
+            sampled = sample(processed, params)  # [N] int64
+            self.batch.last_sampled_gpu.index_copy_(0, rows, sampled)
         if step.need_penalties:
             count_tokens(tables.counts, rows, sampled)
         sampled_host.copy_(sampled, non_blocking=True)
@@ -253,16 +260,17 @@ class ModelRunner:
 
 
 class _Timer:
-    """Wall-clock marks on CPU; CUDA events on GPU (the last one is the step's completion event)."""
+    """Wall-clock marks on CPU; CUDA events on GPU (the last one is the step's completion event),
+    recorded on `stream` (the runner's, looked up once: current_stream() costs host time)."""
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    def __init__(self, device: torch.device, stream: torch.cuda.Stream | None):
+        self.cuda, self.stream = device.type == "cuda", stream
         self.marks = []
 
     def mark(self) -> None:
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
+            ev.record(self.stream)
             self.marks.append(ev)
         else:
             self.marks.append(time.perf_counter())

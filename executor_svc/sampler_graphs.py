@@ -1,15 +1,19 @@
-"""CUDA graphs for the logits processors and logprobs of decode steps, one pair per decode size.
+"""CUDA graphs for the sampler, logits processors and logprobs of decode steps, per decode size.
 
 A decode graph (cuda_graphs.py) leaves [size, V] logits in its shared output buffer, row i =
 step row i. For the same size this module captures
+  - a sample graph: the sampler (greedy and temperature rows: one Gumbel-max pass, no top-k /
+    top-p) over all `size` rows into a static [size] int64 buffer, and those ids stored as the
+    rows' last sampled tokens (padded rows store into the scratch row). Replayed by decode
+    steps whose every row samples and none uses a processor or top-k / top-p: the common
+    step, whose host launch then costs one replay instead of the sampler's kernel launches;
   - a processors graph: logit bias, min_tokens mask, penalties, min_p over all `size` rows
     (parameters from the static step buffers, tables gathered by sample_rows; padded rows
     read the scratch row) into a float32 [size, V] output the sampler then reads;
   - a logprobs graph: raw log_softmax of the logits, the logprob and rank of the sampled ids
     (copied into a static buffer first) and the top max_logprobs alternatives.
-Each is replayed only by steps where some row asked for it, so a batch that uses neither
-replays exactly what it did before (the decode graph, then the sampler). Captured into the
-decode graphs' memory pool, after them.
+The processors and logprobs graphs are replayed only by steps where some row asked for them.
+Captured into the decode graphs' memory pool, after them.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 
 from executor_svc.logits_processors import (LogprobsOut, ProcessorParams, ProcessorTables,
                                             apply_processors, compute_logprobs)
+from executor_svc.sampler import SamplingTensors, sample
 from executor_svc.step_buffers import StepBuffers
 
 log = logging.getLogger(__name__)
@@ -37,12 +42,13 @@ def processor_params(buf: StepBuffers, n: int) -> ProcessorParams:
 class SamplerGraphs:
     """Captures (at construction) and replays the processors and logprobs graph of each size.
 
-    logits: the decode graphs' [largest, V] output buffer; sizes: their captured sizes;
-    max_logprobs: the top-k every logprobs graph extracts (a step slices what it asked)."""
+    logits: the decode graphs' [largest, V] output buffer; last_sampled: the rows' last sampled
+    tokens (InputBatch.last_sampled_gpu); sizes: the decode graphs' sizes; max_logprobs: the
+    top-k every logprobs graph extracts (a step slices what it asked)."""
 
-    def __init__(self, logits: torch.Tensor, buffers: StepBuffers, tables: ProcessorTables,
-                 sizes: list[int], max_logprobs: int, pool):
-        self.logits, self.buffers, self.tables = logits, buffers, tables
+    def __init__(self, logits: torch.Tensor, last_sampled: torch.Tensor, buffers: StepBuffers,
+                 tables: ProcessorTables, sizes: list[int], max_logprobs: int, pool):
+        self.logits, self.last_sampled, self.buffers, self.tables = logits, last_sampled, buffers, tables
         self.sizes, self.max_logprobs = sizes, max_logprobs
         largest, vocab, dev = logits.shape[0], logits.shape[1], logits.device
         self.processed = torch.empty(largest, vocab, dtype=torch.float32, device=dev)
@@ -52,9 +58,16 @@ class SamplerGraphs:
             ranks=torch.zeros(largest, dtype=torch.int64, device=dev),
             top_ids=torch.zeros(largest, max_logprobs, dtype=torch.int64, device=dev),
             top_logprobs=torch.zeros(largest, max_logprobs, dtype=torch.float32, device=dev))
-        self._runs = {"processors": self._run_processors, "logprobs": self._run_logprobs}
+        self._runs = {"sample": self._run_sample, "processors": self._run_processors,
+                      "logprobs": self._run_logprobs}
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}  # (kind, size) -> graph
         self._capture(pool)
+
+    def sample(self, size: int, n: int) -> torch.Tensor:
+        """Replays the sample graph of `size` -> the [n] sampled ids (a view of the static
+        buffer, which the logprobs graph reads), already stored as the rows' last tokens."""
+        self._replay("sample", size)
+        return self.sampled[:n]
 
     def processors(self, size: int, n: int) -> torch.Tensor:
         """Replays the processors graph of `size` -> processed float32 logits of rows [:n]."""
@@ -64,10 +77,20 @@ class SamplerGraphs:
     def logprobs(self, size: int, sampled: torch.Tensor) -> LogprobsOut:
         """Replays the logprobs graph of `size` for the n sampled ids -> views of rows [:n]."""
         n = sampled.shape[0]
-        self.sampled[:n].copy_(sampled)
+        if sampled.data_ptr() != self.sampled.data_ptr():  # not already there (sample graph)
+            self.sampled[:n].copy_(sampled)
         self._replay("logprobs", size)
         lp = self.lp
         return LogprobsOut(lp.logprobs[:n], lp.ranks[:n], lp.top_ids[:n], lp.top_logprobs[:n])
+
+    def _run_sample(self, size: int) -> None:
+        buf = self.buffers
+        params = SamplingTensors(
+            temperature=buf.temperature.gpu[:size], top_k=buf.top_k.gpu[:size], top_p=buf.top_p.gpu[:size],
+            seeds=buf.seeds.gpu[:size], positions=buf.sample_positions.gpu[:size],
+            all_greedy=False, need_top_k_top_p=False)
+        self.sampled[:size].copy_(sample(self.logits[:size], params))
+        self.last_sampled.index_copy_(0, buf.sample_rows.gpu[:size], self.sampled[:size])
 
     def _run_processors(self, size: int) -> None:
         apply_processors(self.logits[:size], processor_params(self.buffers, size), self.tables,
@@ -96,5 +119,5 @@ class SamplerGraphs:
                     run(size)
                 self.graphs[(kind, size)] = graph
         torch.cuda.synchronize()
-        log.info("captured %d processor and logprobs graphs in %.1f s", 2 * len(self.sizes),
+        log.info("captured %d sample, processor and logprobs graphs in %.1f s", len(self.graphs),
                  time.perf_counter() - t0)

@@ -59,14 +59,15 @@ def build_runner(config: ExecutorConfig) -> ModelRunner:
     batch = InputBatch(config.max_num_seqs, max_blocks_per_seq, device, sampling)
     buffers = StepBuffers(config.max_num_seqs, config.max_num_batched_tokens, max_blocks_per_seq, device)
     num_blocks = measure_num_blocks(config, model, limits)
-    kv_caches = kv_cache.allocate_kv_caches(args, num_blocks, config.block_size, dtype, device)
-    log.info("KV cache: %d blocks of %d tokens", num_blocks, config.block_size)
+    cache_dtype = kv_cache.cache_dtype(config.kv_cache_dtype, dtype)
+    kv_caches = kv_cache.allocate_kv_caches(args, num_blocks, config.block_size, cache_dtype, device)
+    log.info("KV cache: %d blocks of %d tokens, %s", num_blocks, config.block_size, cache_dtype)
     graphs = sampler_graphs = None
     if config.use_cuda_graphs:
         graphs = GraphRunner(model, buffers, kv_caches, batch.last_sampled_gpu, config.cuda_graph_sizes,
                              max_model_len, config.mixed_cuda_graph_sizes)
-        sampler_graphs = SamplerGraphs(graphs.logits, buffers, sampling.tables, graphs.sizes,
-                                       max_logprobs, graphs.pool)
+        sampler_graphs = SamplerGraphs(graphs.logits, batch.last_sampled_gpu, buffers, sampling.tables,
+                                       graphs.sizes, max_logprobs, graphs.pool)
     info = ExecutorInfo(
         model_name=config.model_name or source.name, model_path=str(model_path),
         vocab_size=args.vocab_size, eos_token_ids=tuple(loader.eos_token_ids(model_path, hf_config)),
@@ -80,16 +81,18 @@ def build_runner(config: ExecutorConfig) -> ModelRunner:
 
 def measure_num_blocks(config: ExecutorConfig, model: LlamaForCausalLM, limits: StepLimits) -> int:
     """KV blocks that fit: --num-kv-blocks if set; on CPU --cpu-kv-cache-gib; on CUDA the free
-    memory under --gpu-memory-utilization minus the activation peak of the largest step."""
+    memory under --gpu-memory-utilization minus the activation peak of the largest step. Blocks
+    are sized in the cache's dtype (--kv-cache-dtype fp8: 1 byte per element)."""
     if config.num_kv_blocks:
         return config.num_kv_blocks
     device, dtype = torch.device(config.device), getattr(torch, config.dtype)
+    cache_dtype = kv_cache.cache_dtype(config.kv_cache_dtype, dtype)
     if device.type != "cuda":
         budget = int(config.cpu_kv_cache_gib * (1 << 30))
     else:
         budget = kv_cache.cuda_kv_budget(device, config.gpu_memory_utilization,
-                                         profile_run(model, limits, device, dtype))
-    num_blocks = kv_cache.num_blocks_from_budget(budget, model.args, limits.block_size, dtype)
+                                         profile_run(model, limits, device, cache_dtype))
+    num_blocks = kv_cache.num_blocks_from_budget(budget, model.args, limits.block_size, cache_dtype)
     if num_blocks < 2:
         raise RuntimeError(f"no memory left for the KV cache (budget {budget} bytes)")
     return num_blocks
@@ -99,7 +102,7 @@ def measure_num_blocks(config: ExecutorConfig, model: LlamaForCausalLM, limits: 
 def profile_run(model: LlamaForCausalLM, limits: StepLimits, device: torch.device,
                 dtype: torch.dtype) -> int:
     """Runs the largest step (max_num_tokens, as sequences of <= PROFILE_SEQ_LEN tokens) over a
-    scratch cache and scratch buffers (CUDA); returns the activation peak in bytes above the
+    scratch cache of dtype (the KV cache's) and scratch buffers (CUDA); returns the activation peak in bytes above the
     memory resident before it."""
     t, block_size = limits.max_num_tokens, limits.block_size
     seq = min(PROFILE_SEQ_LEN, limits.max_model_len)

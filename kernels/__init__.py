@@ -23,6 +23,8 @@ __all__ = [
     "rms_norm_linear",
     "silu_mul_linear",
     "SKINNY_MAX_M",
+    "fp8_linear",
+    "FP8_W8A16_MAX_M",
 ]
 
 SKINNY_MAX_M = 16  # the most rows the skinny GEMMs take (kernels/skinny_gemm.py MAX_M)
@@ -34,13 +36,16 @@ def write_kv(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int; slot < 0 is skipped
+    k_scale: torch.Tensor | None = None,  # [1] float32 on the cache's device: FP8 caches only (needed there)
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Writes each token's key and value into its slot of the paged cache, in place."""
+    """Writes each token's key and value into its slot of the paged cache, in place (an FP8 cache
+    stores clamp(x / scale, -448, 448) in e4m3; other caches ignore the scales)."""
     if key.is_cuda:
         from kernels.cache import write_kv_triton
 
-        return write_kv_triton(key, value, k_cache, v_cache, slot_mapping)
-    return reference.write_kv_reference(key, value, k_cache, v_cache, slot_mapping)
+        return write_kv_triton(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    return reference.write_kv_reference(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def paged_attention(
@@ -54,6 +59,8 @@ def paged_attention(
     max_query_len: int,  # host upper bound of the per-request query lengths
     max_seq_len: int,  # host upper bound of seq_lens (unused by the kernels; kept by contract)
     sliding_window: int | None = None,  # host int per layer: keys q - W < k <= q; None / 0 = full
+    k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (read value = fp8 * scale)
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention over the paged cache: prefill, chunked prefill, decode, mixed."""
     if q.is_cuda:
@@ -61,10 +68,10 @@ def paged_attention(
 
         return paged_attention_triton(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
-            sliding_window=sliding_window,
+            sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale,
         )
     return reference.paged_attention_reference(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window, k_scale, v_scale
     )
 
 
@@ -76,15 +83,17 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,  # [num_seqs] int32 (0 = padded row, output zeros)
     scale: float,
     sliding_window: int | None = None,  # host int per layer: keys q - W < k <= q; None / 0 = full
+    k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (read value = fp8 * scale)
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention, one query token per row; CUDA-graph capturable on the Triton path."""
     if q.is_cuda:
         from kernels.attention_decode import paged_decode_attention_triton
 
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                             sliding_window=sliding_window)
+                                             sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale)
     return reference.paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                                      sliding_window)
+                                                      sliding_window, k_scale, v_scale)
 
 
 def rms_norm(
@@ -139,6 +148,8 @@ def rotary_write_kv(
     q_norm_weight: torch.Tensor | None = None,  # [head_dim], Qwen3 q_norm
     k_norm_weight: torch.Tensor | None = None,  # [head_dim], Qwen3 k_norm
     eps: float = 1e-6,
+    k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (as write_kv)
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[q/k per-head RMSNorm] + rotary + write_kv in one launch; returns a new q [num_tokens, num_heads, head_dim]."""
     args = (positions, qkv, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
@@ -146,8 +157,8 @@ def rotary_write_kv(
     if qkv.is_cuda:
         from kernels.rotary_cache import rotary_write_kv_triton
 
-        return rotary_write_kv_triton(*args)
-    return reference.rotary_write_kv_reference(*args)
+        return rotary_write_kv_triton(*args, k_scale=k_scale, v_scale=v_scale)
+    return reference.rotary_write_kv_reference(*args, k_scale=k_scale, v_scale=v_scale)
 
 
 def gumbel_sample(
@@ -202,3 +213,28 @@ def silu_mul_linear(gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
         return silu_mul_linear_triton(gate_up, w)
     return reference.silu_mul_linear_reference(gate_up, w)
+
+
+FP8_W8A16_MAX_M = 16  # the most rows the weight-only FP8 GEMM takes (kernels/fp8_gemm.py W8A16_MAX_M)
+
+
+def fp8_linear(
+    x: torch.Tensor,  # [..., K] in the compute dtype
+    weight: torch.Tensor,  # [N, K] float8_e4m3fn
+    weight_scale: torch.Tensor,  # float32: "tensor" [1], "channel" [N], "block" [ceil(N/bn), ceil(K/bk)]
+    strategy: str,  # "tensor" | "channel" | "block"
+    block: tuple[int, int] | None = None,  # (bn, bk) for "block"
+    bias: torch.Tensor | None = None,  # [N]
+    path: str = "auto",  # "auto" | "w8a16" | "w8a8" | "dequantize" (CPU: "w8a8" or the w8a16 reference)
+) -> torch.Tensor:
+    """x @ (fp8 weight * scales)^T (+ bias) in x's dtype. CUDA: weight-only FP8 GEMM for <= 16 rows,
+    dynamic-activation FP8 tensor-core GEMM beyond (kernels/fp8_gemm.py); CPU: the w8a16 reference."""
+    if x.is_cuda:
+        from kernels.fp8_gemm import fp8_linear_triton
+
+        return fp8_linear_triton(x, weight, weight_scale, strategy, block, bias, path)
+    from kernels import fp8_reference
+
+    ref = fp8_reference.w8a8_linear_reference if path == "w8a8" else fp8_reference.w8a16_linear_reference
+    y = ref(x.reshape(-1, x.shape[-1]), weight, weight_scale, strategy, block, bias)
+    return y.reshape(*x.shape[:-1], weight.shape[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8_KV_DTYPE = torch.float8_e4m3fn  # the one FP8 KV-cache dtype (vLLM's fp8 / fp8_e4m3)
 
 
 def check_tensor(name: str, t: torch.Tensor, ndim: int, dtypes=FLOAT_DTYPES) -> None:
@@ -33,14 +34,38 @@ def check_power_of_two(name: str, n: int, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be a power of two >= {minimum}, got {n}")
 
 
+def check_kv_scales(k_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                    v_scale: torch.Tensor | None) -> bool:
+    """Whether k_cache is an FP8 cache; FP8 needs both scales (float32 tensors of one element on the
+    cache's device, read by the kernels: no host sync, CUDA graphs see new values at replay). The
+    scales of a 16/32-bit cache are ignored (not checked): it stores values as they are."""
+    if k_cache.dtype != FP8_KV_DTYPE:
+        return False
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if s is None:
+            raise ValueError(f"an FP8 ({FP8_KV_DTYPE}) KV cache needs {name}: a float32 tensor of shape [1] "
+                             "(dequantized value = fp8 * scale)")
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or s.numel() != 1:
+            raise ValueError(f"{name} must be a float32 tensor of one element, got "
+                             f"{getattr(s, 'dtype', type(s))} {tuple(getattr(s, 'shape', ()))}")
+        if s.device != k_cache.device:
+            raise ValueError(f"{name} is on {s.device}, the cache on {k_cache.device}")
+    return True
+
+
+def cache_dtypes(dtype: torch.dtype) -> tuple[torch.dtype, ...]:
+    """The KV-cache dtypes allowed beside tensors of `dtype`: the same dtype, or FP8."""
+    return (dtype, FP8_KV_DTYPE)
+
+
 def check_paged_kv(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
 ) -> tuple[int, int, int, int]:
     """Common checks of the attention kernels; returns (num_heads, num_kv_heads, head_dim, block_size)."""
     check_tensor("q", q, 3)
-    check_tensor("k_cache", k_cache, 4, (q.dtype,))
-    check_tensor("v_cache", v_cache, 4, (q.dtype,))
+    check_tensor("k_cache", k_cache, 4, cache_dtypes(q.dtype))
+    check_tensor("v_cache", v_cache, 4, (k_cache.dtype,))
     check_tensor("block_tables", block_tables, 2, (torch.int32,))
     check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
     check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens)

@@ -7,18 +7,21 @@ whole BLOCK_N tiles, so only the valid part of the cache is read. With a sliding
 context is the last W positions only; blocks before them are never read. With one split the program
 normalises and writes the output; otherwise it writes (acc, max, sum) partials that
 _decode_reduce_kernel merges. num_splits and the scratch sizes depend only on shapes, so a call
-is CUDA-graph capturable (no host sync, no data-dependent allocation).
+is CUDA-graph capturable (no host sync, no data-dependent allocation). An FP8 cache (float8_e4m3fn)
+is loaded as e4m3, converted to q's dtype (exact) for tl.dot, with k_scale folded into the score
+scale and v_scale into the output (both read from device tensors in the kernel).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_paged_kv, check_power_of_two
+from kernels._checks import check_kv_scales, check_paged_kv, check_power_of_two
 from kernels.attention_prefill import check_window
 
 LOG2E = 1.4426950408889634
@@ -29,6 +32,7 @@ MAX_SPLITS = 64
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+    k_scale_ptr, v_scale_ptr,  # FP8 caches: [1] float32 each, read here (unused otherwise)
     qk_scale,  # softmax scale * log2(e): scores live in the exp2 domain
     stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -38,6 +42,7 @@ def _paged_decode_kernel(
     window,  # sliding window (used when SLIDING): keys seq_len - window <= k < seq_len
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, SLIDING: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -61,6 +66,8 @@ def _paged_decode_kernel(
     start = lo + split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, seq_len)
 
+    if FP8:  # the K scale, folded into the score scale
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -74,6 +81,9 @@ def _paged_decode_kernel(
         kv_off = row_off[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
         k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
         v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+        if FP8:  # e4m3 -> q's dtype is exact; the scales are applied in fp32 (qk_scale, acc)
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
 
         s = tl.dot(q, tl.trans(k)) * qk_scale  # [GROUP_PAD, BLOCK_N]
         s = tl.where(n_mask[None, :], s, float("-inf"))
@@ -84,6 +94,8 @@ def _paged_decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
+    if FP8:  # the V scale, folded into the output (or the partial acc: the reduce is linear in it)
+        acc = acc * tl.load(v_scale_ptr)
     if DIRECT:  # one split: normalise and write the output here
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # seq_len 0 -> zeros
         o_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
@@ -128,18 +140,34 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def decode_launch_config(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> tuple[int, int]:
-    """(block_n, num_splits) from shapes only, never from seq_lens (graph capture).
+class DecodeConfig(NamedTuple):
+    block_n: int  # context tokens per tile
+    num_splits: int
+    num_warps: int
+    num_stages: int
 
-    Measured on an H200 at llama-1b shapes, context 512: up to ~6 (seq, kv head) pairs per SM,
-    64-token tiles with splits bringing the grid to ~4 programs per SM win (batch 64: 22 us,
-    3.1 TB/s); beyond that, 32-token tiles and no split (batch 256: 3.55 TB/s).
+
+def decode_launch_config(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int,
+                         head_dim: int = 64) -> DecodeConfig:
+    """The launch from shapes only, never from seq_lens (graph capture).
+
+    Swept on an H200 at llama-1b shapes (benchmarks/attention_sweep.py, head dim 64, random
+    block tables, 2026-12-01): from ~6 (seq, kv head) pairs per SM, 64-token tiles, 2 warps,
+    no split reach 90-96% of the copy bandwidth (batch 256 context 512: 69.8 us, was 76.6 with
+    32-token tiles and 4 warps; 1024: 133 us); from ~3 pairs per SM, 128-token tiles with 4
+    warps and 4 stages (batch 64: 20.2 vs 21.9 us); below, 64-token tiles with splits bringing
+    the grid to ~4 programs per SM. Head dim 128 keeps the earlier, unswept choice (8 warps).
     """
     base = max(num_seqs * num_kv_heads, 1)
-    if base >= 6 * num_sms:
-        return 32, 1
-    splits = max(1, (4 * num_sms) // base)
-    return 64, max(1, min(splits, MAX_SPLITS, triton.cdiv(max_context, 64)))
+    if head_dim > 64:
+        if base >= 6 * num_sms:
+            return DecodeConfig(32, 1, 8, 3)
+    elif base >= 6 * num_sms:
+        return DecodeConfig(64, 1, 2, 3)
+    elif base >= 3 * num_sms:
+        return DecodeConfig(128, 1, 4, 4)
+    splits = max(1, min((4 * num_sms) // base, MAX_SPLITS, triton.cdiv(max_context, 64)))
+    return DecodeConfig(64, splits, 4 if head_dim <= 64 else 8, 3)
 
 
 def paged_decode_attention_triton(
@@ -153,10 +181,13 @@ def paged_decode_attention_triton(
     out: torch.Tensor | None = None,  # [num_seqs, num_heads, head_dim]; allocated if None
     block_n: int | None = None,  # override (tuning): context tokens per tile
     sliding_window: int | None = None,  # host int; None / 0 = full attention
-    num_warps: int | None = None,  # override (tuning); default 4 for head dim <= 64, else 8
-    num_stages: int = 3,  # override (tuning)
+    num_warps: int | None = None,  # override (tuning); default from decode_launch_config
+    num_stages: int | None = None,  # override (tuning)
+    k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (needed there)
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     num_heads, num_kv_heads, head_dim, block_size = check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
+    fp8 = check_kv_scales(k_cache, k_scale, v_scale)
     window = check_window(sliding_window)
     num_seqs = q.shape[0]
     if seq_lens.shape[0] != num_seqs:
@@ -171,11 +202,13 @@ def paged_decode_attention_triton(
     max_context = block_tables.shape[1] * block_size
     if window:
         max_context = min(max_context, window)  # the most keys a query reads
-    auto_block_n, auto_splits = decode_launch_config(num_seqs, num_kv_heads, max_context, _num_sms(q.device))
+    auto = decode_launch_config(num_seqs, num_kv_heads, max_context, _num_sms(q.device), head_dim)
     if num_splits is None and block_n is None:
-        block_n, num_splits = auto_block_n, auto_splits
+        block_n, num_splits = auto.block_n, auto.num_splits
     block_n = block_n or 32
     num_splits = num_splits or 1
+    num_warps = num_warps or auto.num_warps
+    num_stages = num_stages or auto.num_stages
     check_power_of_two("block_n", block_n, 16)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
@@ -188,6 +221,7 @@ def paged_decode_attention_triton(
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens,
         out, part_acc, part_m, part_l,
+        k_scale if fp8 else seq_lens, v_scale if fp8 else seq_lens,  # dummies unless FP8
         scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -196,7 +230,7 @@ def paged_decode_attention_triton(
         num_splits, window,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT=num_splits == 1, SLIDING=window > 0,
-        num_warps=num_warps or (4 if head_dim <= 64 else 8), num_stages=num_stages,
+        FP8=fp8, num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

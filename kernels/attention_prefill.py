@@ -16,6 +16,8 @@ BLOCK_M = BLOCK_Q * GROUP_PAD rows of one tl.dot tile (row r = token r // GROUP_
 r % GROUP_PAD), so each K/V tile is read once per group and a decode row still fills a tile.
 It walks the context in BLOCK_N tiles from the first position its first token can see (0, or
 that token's window start: earlier blocks are never read) to the last its last token can see.
+FP8 caches (float8_e4m3fn): as in attention_decode.py, e4m3 tiles converted to q's dtype, k_scale
+folded into the score scale and v_scale into the output.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_paged_kv, check_tensor
+from kernels._checks import check_kv_scales, check_paged_kv, check_tensor
 
 LOG2E = 1.4426950408889634
 
@@ -41,6 +43,7 @@ def check_window(sliding_window: int | None) -> int:
 @triton.jit
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
+    k_scale_ptr, v_scale_ptr,  # FP8 caches: [1] float32 each, read here (unused otherwise)
     qk_scale,  # softmax scale * log2(e)
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -50,6 +53,7 @@ def _paged_prefill_kernel(
     num_seqs,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
+    FP8: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,  # >= num_seqs.bit_length(): enough halvings of [0, num_seqs)
 ):
     pid = tl.program_id(0)
@@ -92,6 +96,8 @@ def _paged_prefill_kernel(
     if SLIDING:
         kv_start = tl.maximum(seq_len - q_len + q_block * BLOCK_Q - window + 1, 0)
 
+    if FP8:  # the K scale, folded into the score scale
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -105,6 +111,9 @@ def _paged_prefill_kernel(
         kv_off = row_off[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
         k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
         v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+        if FP8:  # e4m3 -> q's dtype is exact; the scales are applied in fp32 (qk_scale, acc)
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
 
         s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N]
         visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
@@ -120,6 +129,8 @@ def _paged_prefill_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
+    if FP8:  # the V scale, folded into the output
+        acc = acc * tl.load(v_scale_ptr)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # seq_len 0 -> zeros
     o_ptrs = out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
@@ -136,8 +147,11 @@ def paged_attention_triton(
     max_query_len: int,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; allocated (zeros) if None
     sliding_window: int | None = None,  # host int; None / 0 = full attention
+    k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (needed there)
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     num_heads, num_kv_heads, head_dim, block_size = check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
+    fp8 = check_kv_scales(k_cache, k_scale, v_scale)
     window = check_window(sliding_window)
     check_tensor("query_start_loc", query_start_loc, 1, (torch.int32,))
     num_seqs = seq_lens.shape[0]
@@ -160,6 +174,7 @@ def paged_attention_triton(
     grid = (q.shape[0] // block_q + num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        k_scale if fp8 else seq_lens, v_scale if fp8 else seq_lens,  # dummies unless FP8
         scale * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -167,7 +182,7 @@ def paged_attention_triton(
         out.stride(0), out.stride(1),
         window, num_seqs,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=64, SLIDING=window > 0,
+        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=64, SLIDING=window > 0, FP8=fp8,
         # at least 9 halvings (up to 511 sequences): one compiled variant for every batch a
         # server runs, not one per bit length compiled while it serves
         SEARCH_STEPS=max(num_seqs.bit_length(), 9),

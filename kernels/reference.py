@@ -4,110 +4,24 @@ KV-cache layout (one pair of tensors per layer):
     k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
 A token at position p of a request lives in block block_table[p // block_size], offset
 p % block_size; its slot is block_id * block_size + offset. Block 0 is the null block.
+The KV-cache and attention references (FP8 caches included) live in kernels/reference_attention.py
+and are re-exported here.
 """
 
 from __future__ import annotations
 
 import torch
 
-
-def write_kv_reference(
-    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    slot_mapping: torch.Tensor,  # [num_tokens] int, negative = skip
-) -> None:
-    """Writes each token's key and value into its slot of the paged cache, in place."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    k_flat = k_cache.view(-1, *k_cache.shape[2:])
-    v_flat = v_cache.view(-1, *v_cache.shape[2:])
-    k_flat[slots] = key[keep].to(k_cache.dtype)
-    v_flat[slots] = value[keep].to(v_cache.dtype)
-
-
-def gather_kv_reference(
-    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    block_table: torch.Tensor,  # [max_blocks] int
-    seq_len: int,
-    start: int = 0,
-) -> torch.Tensor:
-    """Cached vectors of positions start..seq_len-1 of one request: [seq_len - start, num_kv_heads,
-    head_dim]. Blocks before the one holding `start` are not read."""
-    block_size = cache.shape[1]
-    first = start // block_size
-    num_blocks = (seq_len + block_size - 1) // block_size
-    blocks = cache[block_table[first:num_blocks].long()]  # [n, block_size, kv_heads, dim]
-    return blocks.reshape(-1, *cache.shape[2:])[start - first * block_size:seq_len - first * block_size]
-
-
-def window_start(first_pos: int, sliding_window: int | None) -> int:
-    """First key position a query at first_pos (or later) can see: 0, or with a window W the
-    keys k with q - W < k <= q, as transformers' sliding_window_overlay masks them."""
-    return max(first_pos - sliding_window + 1, 0) if sliding_window else 0
-
-
-def paged_attention_reference(
-    q: torch.Tensor,  # [num_tokens, num_heads, head_dim], requests' new tokens back to back
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int
-    seq_lens: torch.Tensor,  # [num_seqs] int: context length after this step's tokens
-    query_start_loc: torch.Tensor,  # [num_seqs + 1] int: offsets of each request's tokens in q
-    scale: float,
-    sliding_window: int | None = None,  # None / 0: full causal attention
-) -> torch.Tensor:
-    """Causal attention of new tokens over the paged cache (which already holds them).
-
-    Request i's q_len new tokens are the last q_len positions of its seq_lens[i] tokens:
-    new token j sits at position q = seq_len - q_len + j and attends to positions 0..q, or with
-    a sliding window W to q - W < k <= q (keys before the first token's window are never
-    read). Decode (q_len = 1), prefill and chunked prefill are all this one function.
-    Grouped-query attention: query head h reads KV head h // (num_heads // num_kv_heads).
-    Returns [num_tokens, num_heads, head_dim] in q's dtype; math in float32.
-    """
-    num_heads = q.shape[1]
-    num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    out = torch.zeros_like(q)
-    starts = query_start_loc.tolist()
-    for i, seq_len in enumerate(seq_lens.tolist()):
-        start, end = starts[i], starts[i + 1]
-        q_len = end - start
-        if q_len == 0 or seq_len == 0:
-            continue
-        lo = window_start(seq_len - q_len, sliding_window)
-        k = gather_kv_reference(k_cache, block_tables[i], seq_len, lo).float()
-        v = gather_kv_reference(v_cache, block_tables[i], seq_len, lo).float()
-        k = k.repeat_interleave(group, dim=1)  # [seq_len - lo, num_heads, dim]
-        v = v.repeat_interleave(group, dim=1)
-        qi = q[start:end].float()  # [q_len, num_heads, dim]
-        scores = torch.einsum("qhd,khd->hqk", qi, k) * scale
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-        k_pos = torch.arange(lo, seq_len, device=q.device)[None, :]
-        hidden = k_pos > q_pos
-        if sliding_window:
-            hidden |= k_pos <= q_pos - sliding_window
-        scores = scores.masked_fill(hidden, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
-    return out
-
-
-def paged_decode_attention_reference(
-    q: torch.Tensor,  # [num_seqs, num_heads, head_dim], one new token per request
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,  # [num_seqs, max_blocks]
-    seq_lens: torch.Tensor,  # [num_seqs]; 0 = padded row, output zeros
-    scale: float,
-    sliding_window: int | None = None,  # None / 0: full attention
-) -> torch.Tensor:
-    """Decode attention: paged_attention_reference with one query token per request."""
-    query_start_loc = torch.arange(q.shape[0] + 1, device=q.device)
-    return paged_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                                     sliding_window)
+from kernels.reference_attention import (  # noqa: F401 - re-exported: the references live here by contract
+    FP8_MAX,
+    dequantize_kv_reference,
+    gather_kv_reference,
+    paged_attention_reference,
+    paged_decode_attention_reference,
+    quantize_kv_reference,
+    window_start,
+    write_kv_reference,
+)
 
 
 def rms_norm_reference(
@@ -219,6 +133,8 @@ def rotary_write_kv_reference(
     q_norm_weight: torch.Tensor | None = None,  # [head_dim]: per-head RMSNorm of q before rope
     k_norm_weight: torch.Tensor | None = None,  # [head_dim]: per-head RMSNorm of k before rope
     eps: float = 1e-6,
+    k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (write_kv_reference)
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The attention prologue of a layer: split the fused qkv, optional per-head RMSNorm of q and
     k, rotary on q and k, k and v written to the paged cache. Returns q [num_tokens, num_heads,
@@ -235,7 +151,7 @@ def rotary_write_kv_reference(
     if k_norm_weight is not None:
         k = rms_norm_reference(k.reshape(-1, head_dim), k_norm_weight, eps).view_as(k)
     rotary_embedding_reference(positions, q, k, cos_sin_cache, is_neox)
-    write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
+    write_kv_reference(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     return q
 
 

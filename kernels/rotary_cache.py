@@ -9,7 +9,9 @@ slot is negative, otherwise optionally normalises (k_norm), rotates and stores t
 copies the value, into the paged cache. qkv itself is never modified.
 
 Math in float32. The normalised head is rounded to the input dtype before the rotation, exactly
-as the unfused sequence (rms_norm, then rotary_embedding) holds it in memory.
+as the unfused sequence (rms_norm, then rotary_embedding) holds it in memory. An FP8 cache
+(float8_e4m3fn) gets the rotated key, rounded to the input dtype first (as the reference holds it),
+and the value as clamp(x / scale, -448, 448) in e4m3 (kernels/cache.py quantize_fp8).
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_contiguous, check_power_of_two, check_same_device, check_tensor
+from kernels._checks import (
+    cache_dtypes,
+    check_contiguous,
+    check_kv_scales,
+    check_power_of_two,
+    check_same_device,
+    check_tensor,
+)
+from kernels.cache import quantize_fp8
 
 
 @triton.jit
@@ -35,11 +45,12 @@ def _rms_norm_head(x1, x2, weight_ptr, i1, i2, eps, HEAD_DIM: tl.constexpr, OUT_
 @triton.jit
 def _rotary_write_kv_kernel(
     positions_ptr, qkv_ptr, cos_sin_ptr, slot_mapping_ptr, q_norm_ptr, k_norm_ptr,
-    q_out_ptr, k_cache_ptr, v_cache_ptr,
+    q_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
     stride_qkv, stride_cos_sin, stride_q_out, stride_cb, stride_cs, stride_ch,
     eps,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, IS_NEOX: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -76,10 +87,18 @@ def _rotary_write_kv_kernel(
             if HAS_K_NORM:
                 x1, x2 = _rms_norm_head(x1, x2, k_norm_ptr, i1, i2, eps, HEAD_DIM, dtype)
             dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-            tl.store(k_cache_ptr + dst + i1, (x1 * cos - x2 * sin).to(dtype))
-            tl.store(k_cache_ptr + dst + i2, (x2 * cos + x1 * sin).to(dtype))
+            k1 = (x1 * cos - x2 * sin).to(dtype)
+            k2 = (x2 * cos + x1 * sin).to(dtype)
             offs_d = tl.arange(0, HEAD_DIM)
             v = tl.load(src + NUM_KV_HEADS * HEAD_DIM + offs_d)  # value head kv_head
+            if FP8:
+                cache_dtype = k_cache_ptr.dtype.element_ty
+                k_scale = tl.load(k_scale_ptr)
+                k1 = quantize_fp8(k1, k_scale).to(cache_dtype)
+                k2 = quantize_fp8(k2, k_scale).to(cache_dtype)
+                v = quantize_fp8(v, tl.load(v_scale_ptr)).to(cache_dtype)
+            tl.store(k_cache_ptr + dst + i1, k1)
+            tl.store(k_cache_ptr + dst + i2, k2)
             tl.store(v_cache_ptr + dst + offs_d, v)
 
 
@@ -87,7 +106,7 @@ def rotary_write_kv_triton(
     positions: torch.Tensor,  # [T] int32/int64
     qkv: torch.Tensor,  # [T, (num_heads + 2 * num_kv_heads) * head_dim], last dim contiguous
     cos_sin_cache: torch.Tensor,  # [max_position, head_dim]: cos | sin halves
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], qkv's dtype
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], qkv's dtype or FP8
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [T] int32/int64; < 0 skipped
     num_heads: int,
@@ -98,6 +117,8 @@ def rotary_write_kv_triton(
     k_norm_weight: torch.Tensor | None = None,  # [head_dim]
     eps: float = 1e-6,
     out: torch.Tensor | None = None,  # [T, num_heads, head_dim] contiguous, for q; new if None
+    k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (needed there)
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Returns the rotated q as a contiguous [T, num_heads, head_dim] tensor (`out` if given, else
     new); writes the rotated k and v to the cache."""
@@ -105,8 +126,9 @@ def rotary_write_kv_triton(
     check_tensor("cos_sin_cache", cos_sin_cache, 2)
     check_tensor("positions", positions, 1, (torch.int32, torch.int64))
     check_tensor("slot_mapping", slot_mapping, 1, (torch.int32, torch.int64))
-    check_tensor("k_cache", k_cache, 4, (qkv.dtype,))
-    check_tensor("v_cache", v_cache, 4, (qkv.dtype,))
+    check_tensor("k_cache", k_cache, 4, cache_dtypes(qkv.dtype))
+    check_tensor("v_cache", v_cache, 4, (k_cache.dtype,))
+    fp8 = check_kv_scales(k_cache, k_scale, v_scale)
     check_same_device(positions=positions, qkv=qkv, cos_sin_cache=cos_sin_cache, k_cache=k_cache,
                       v_cache=v_cache, slot_mapping=slot_mapping)
     for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
@@ -145,11 +167,12 @@ def rotary_write_kv_triton(
         q_norm_weight if q_norm_weight is not None else qkv,  # dummies, never read
         k_norm_weight if k_norm_weight is not None else qkv,
         q, k_cache, v_cache,
+        k_scale if fp8 else slot_mapping, v_scale if fp8 else slot_mapping,  # dummies unless FP8
         qkv.stride(0), cos_sin_cache.stride(0), q.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
         IS_NEOX=is_neox, HAS_Q_NORM=q_norm_weight is not None, HAS_K_NORM=k_norm_weight is not None,
-        num_warps=1 if head_dim <= 128 else 2,
+        FP8=fp8, num_warps=1 if head_dim <= 128 else 2,
     )
     return q

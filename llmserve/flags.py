@@ -31,7 +31,7 @@ EXECUTOR_FLAGS = [("--model", "--model"), ("--served-model-name", "--model-name"
                   ("--max-num-batched-tokens", "--max-num-batched-tokens"),
                   ("--gpu-memory-utilization", "--gpu-memory-utilization"),
                   ("--enforce-eager", "--enforce-eager"), ("--dtype", "--dtype"),
-                  ("--block-size", "--block-size")]
+                  ("--block-size", "--block-size"), ("--kv-cache-dtype", "--kv-cache-dtype")]
 SCHEDULER_FLAGS = [("--ssl-keyfile", "--ssl-keyfile"), ("--ssl-certfile", "--ssl-certfile"),
                    ("--ssl-ca-certs", "--ssl-ca-certs"), ("--enable-prefix-caching", "--enable-prefix-caching")]
 
@@ -68,6 +68,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
         "(vLLM's half and float also work)", choices=("auto", "bfloat16", "float16", "float32"),
         type=lambda name: DTYPE_ALIASES.get(name, name))
     add(m, "--block-size", 16, "tokens per KV-cache block", type=int)
+    add(m, "--kv-cache-dtype", "auto", "KV-cache storage: auto = the model dtype; fp8 (= fp8_e4m3) = "
+        "float8 e4m3 with per-layer scales, twice the tokens in the same memory",
+        choices=("auto", "fp8", "fp8_e4m3"))
     add(m, "--executor-port", 50061, "executor port (it listens on 127.0.0.1 only)", type=int)
     add(m, "--executor-args", "", "more executor flags, e.g. '--device cpu --cpu-kv-cache-gib 2' "
         "(llmserve-executor --help)")

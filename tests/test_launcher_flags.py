@@ -159,3 +159,11 @@ def test_bad_flags_stop_before_anything_starts(bad):
     with pytest.raises(SystemExit) as err:
         parse_args(bad)
     assert err.value.code == 2
+
+
+def test_kv_cache_dtype_goes_to_the_executor_and_bad_values_are_refused():
+    executor, scheduler = commands(parse_args(["--kv-cache-dtype", "fp8"]), http_api=True)
+    assert executor == [*EXECUTOR, "--kv-cache-dtype", "fp8"] and "--kv-cache-dtype" not in scheduler
+    assert ExecutorConfig.from_args(executor[3:] + ["--device", "cpu"]).kv_cache_dtype == "fp8"
+    with pytest.raises(SystemExit):
+        parse_args(["--kv-cache-dtype", "fp8_e5m2"])

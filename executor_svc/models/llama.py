@@ -8,6 +8,7 @@ model.compute_logits(hidden [N, H]) -> [N, V] float32. All inputs are explicit a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -16,7 +17,17 @@ from executor_svc import layers, model_checks
 from executor_svc.attention import AttentionMetadata
 from executor_svc.layers import RMSNorm
 
-KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, num_kv_heads, head_dim]
+
+class KVCache(NamedTuple):
+    """One layer's paged cache: k, v [num_blocks, block_size, num_kv_heads, head_dim] (the model's
+    dtype, or float8_e4m3fn with --kv-cache-dtype fp8) and the layer's FP8 scales, float32 [1]
+    tensors on the cache's device (dequantized = fp8 * scale; 1.0 unless a checkpoint says
+    otherwise; the kernels ignore them for a 16/32-bit cache)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,7 @@ class Attention(nn.Module):
         """The fused projection qkv [T, q_size + 2 kv_size] -> attention output [T, q_size]
         (before o_proj); writes this step's k and v into the cache."""
         t = qkv.shape[0]
-        k_cache, v_cache = kv_cache
+        k_cache, v_cache, k_scale, v_scale = kv_cache
         # One launch: [Qwen3 q/k norm] + rope on q and k + k, v into the paged cache; q comes back
         # as a new contiguous [T, nh, D] tensor.
         q = layers.rotary_write_kv(
@@ -95,15 +106,15 @@ class Attention(nn.Module):
             self.num_heads, self.num_kv_heads, self.head_dim,
             q_norm_weight=self.q_norm.weight if self.q_norm is not None else None,
             k_norm_weight=self.k_norm.weight if self.k_norm is not None else None,
-            eps=self.q_norm.eps if self.q_norm is not None else 1e-6,
+            eps=self.q_norm.eps if self.q_norm is not None else 1e-6, k_scale=k_scale, v_scale=v_scale,
         )
         if attn.is_decode:
             o = layers.paged_decode_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
-                                              self.scale, self.sliding_window)
+                                              self.scale, self.sliding_window, k_scale, v_scale)
         else:
             o = layers.paged_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
                                        attn.query_start_loc, self.scale, attn.max_query_len,
-                                       attn.max_seq_len, self.sliding_window)
+                                       attn.max_seq_len, self.sliding_window, k_scale, v_scale)
         return o.reshape(t, self.q_size)
 
 

@@ -7,22 +7,26 @@ Scales (`weight_scale`, the multiplier: weight ~ fp8 * scale):
   per-tensor checkpoint, each part's scalar repeated over its rows (exact);
 - "block": [ceil(N/bn), ceil(K/bk)], one per (bn, bk) tile (the last tiles may be partial).
 
-Forward is the reference path on every device: dequantize (fp8 -> fp32 * scale -> compute
-dtype) then one matmul in the compute dtype. The CUDA fast paths come with the GPU work:
-weight-only dequantization inside a skinny GEMM for small batches (bandwidth-bound decode) and
-an FP8 tensor-core GEMM (`torch._scaled_mm`, dynamic activation scales) for large ones. The
-skinny decode path of models/llama.py reads `.weight` as a dense matrix, so start-up keeps it
-off (`skinny_max_tokens = 0`) for FP8 models.
+Forward is `kernels.fp8_linear` (kernels/fp8_gemm.py, docs/kernels.md "FP8 GEMMs"): on CUDA a
+weight-only FP8 GEMM dequantizing in registers for <= 16 rows (bandwidth-bound decode: reads the
+fp8 weight once) and, beyond, dynamic per-token (per-group for block weights) FP8 activations on
+the tensor cores (`torch._scaled_mm` rowwise, or a Triton block-scaled GEMM); the path follows
+from M alone, so CUDA graphs replay what they captured. On CPU the w8a16 reference at every M:
+x @ dequantize(weight)^T in float32, rounded once to x's dtype (for float32 models the former
+dequantize-then-F.linear result up to summation order). The skinny decode path of
+models/llama.py reads `.weight` as a dense matrix, so start-up keeps it off
+(`skinny_max_tokens = 0`) for FP8 models.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+import kernels
 from executor_svc.model_checks import ModelError
 from executor_svc.quantization.schemes import Fp8Scheme
+from kernels.fp8_reference import dequantize_fp8_reference
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -46,7 +50,7 @@ class Fp8Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantized_weight(x.dtype), self.bias)
+        return kernels.fp8_linear(x, self.weight, self.weight_scale, self.strategy, self.block, self.bias)
 
     def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The dense weight [N, K]: fp8 -> fp32, times its scales, in `dtype`."""
@@ -94,14 +98,7 @@ class Fp8Linear(nn.Module):
 def dequantize(weight: torch.Tensor, scale: torch.Tensor, strategy: str,
                block: tuple[int, int] | None) -> torch.Tensor:
     """fp8 weight [N, K] -> float32 [N, K] times its per-tensor / per-channel / per-block scales."""
-    w = weight.float()
-    if strategy == "tensor":
-        return w * scale
-    if strategy == "channel":
-        return w * scale[:, None]
-    n, k = w.shape
-    tiles = scale.repeat_interleave(block[0], dim=0)[:n].repeat_interleave(block[1], dim=1)[:, :k]
-    return w * tiles
+    return dequantize_fp8_reference(weight, scale, strategy, block)
 
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

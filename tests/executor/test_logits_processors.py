@@ -36,8 +36,8 @@ def graph_runner(path) -> ModelRunner:
     base = make_runner(path)
     graphs = EagerGraphs(base.model, base.buffers, base.kv_caches, base.batch.last_sampled_gpu,
                          (1, 2, 4, 8), base.limits.max_model_len)
-    sampler = EagerSamplerGraphs(graphs.logits, base.buffers, base.batch.sampling.tables, graphs.sizes,
-                                 base.info().max_logprobs, None)
+    sampler = EagerSamplerGraphs(graphs.logits, base.batch.last_sampled_gpu, base.buffers,
+                                 base.batch.sampling.tables, graphs.sizes, base.info().max_logprobs, None)
     info = dataclasses.replace(base.info(), cuda_graph_sizes=tuple(graphs.sizes))
     return ModelRunner(base.model, base.kv_caches, base.batch, base.buffers, base.limits, info,
                        graphs, sampler)

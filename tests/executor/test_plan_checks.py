@@ -96,7 +96,7 @@ def _state(runner) -> dict:
     arrays.update({f"sampling.{name}": getattr(b.sampling, name).copy() for name in
                    ("min_p", "presence", "frequency", "repetition", "min_pos", "logprobs", "prompt_logprobs")})
     rows = {r: (s.row, s.token_ids.tolist()) for r, s in b.requests.items()}
-    kv = [t.clone() for pair in runner.kv_caches for t in pair]
+    kv = [t.clone() for cache in runner.kv_caches for t in cache]  # k, v and the scales
     return dict(arrays=arrays, rows=rows, free=list(b.free_rows), last=b.last_sampled_gpu.clone(), kv=kv)
 
 

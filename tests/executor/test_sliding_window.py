@@ -30,7 +30,7 @@ def runner_greedy(runner, prompt: list[int], num_tokens: int, chunks: list[int] 
     def run(step_id: int, plan: StepPlan) -> dict[int, int]:
         if poison_window:
             first_visible = max(computed - poison_window + 1, 0)
-            for k_cache, v_cache in runner.kv_caches:
+            for k_cache, v_cache, *_ in runner.kv_caches:
                 for block in block_ids[:first_visible // block_size]:
                     k_cache[block] = float("nan")
                     v_cache[block] = float("nan")

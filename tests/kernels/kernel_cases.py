@@ -142,3 +142,23 @@ TRITON_MARKS = [
 def tolerance(dtype: torch.dtype) -> float:
     """Relative error a Triton kernel may show against its fp32 reference in this dtype."""
     return 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
+
+
+FP8 = torch.float8_e4m3fn
+
+
+def fp8_case(case: PagedCase, k_scale: float, v_scale: float) -> tuple[PagedCase, PagedCase, tuple]:
+    """(the case with FP8 caches holding its K/V quantized with these scales (NaN stays NaN), the
+    same case over the dequantized float32 caches (what the FP8 kernels must compute), (k_scale,
+    v_scale) as float32 [1] tensors on the case's device)."""
+    from dataclasses import replace
+
+    from kernels.reference import dequantize_kv_reference, quantize_kv_reference
+
+    device = case.q.device
+    ks, vs = (torch.tensor([s], dtype=torch.float32, device=device) for s in (k_scale, v_scale))
+    k8 = quantize_kv_reference(case.k_cache, FP8, ks)
+    v8 = quantize_kv_reference(case.v_cache, FP8, vs)
+    quantized = replace(case, k_cache=k8, v_cache=v8)
+    dense = replace(case, k_cache=dequantize_kv_reference(k8, ks), v_cache=dequantize_kv_reference(v8, vs))
+    return quantized, dense, (ks, vs)

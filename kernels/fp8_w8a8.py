@@ -1,0 +1,176 @@
+"""The w8a8 half of the FP8 GEMMs (kernels/fp8_gemm.py has the overview and the dispatch):
+dynamic activation quantization (`_quant_kernel`: per token, or per token and bk group, scale =
+max(amax / 448, FP8_MIN_SCALE), IEEE division, e4m3 round to nearest even, as
+kernels/fp8_reference.py) and the FP8 tensor-core GEMM: `torch._scaled_mm` with rowwise scales
+(scale_a [M, 1], scale_b [1, N] float32; bf16 output, N and K multiples of 16, tensor / channel
+weights) or `_w8a8_kernel` (any of the three; grouped launch order, fp8 tl.dot per K tile
+promoted to fp32 and scaled per (token group, weight block)). Tiles fixed by M (not tuned yet).
+Also the argument checks shared with the w8a16 kernel.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._checks import check_same_device, check_tensor
+from kernels.fp8_reference import FP8, FP8_MIN_SCALE, activation_group_size
+
+STRATEGIES = {"tensor": 0, "channel": 1, "block": 2}
+
+
+class W8A8Config(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@triton.jit
+def _quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s, min_scale,
+                  GROUP: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row, g): columns [g * GROUP, (g + 1) * GROUP) of one row -> e4m3 and their scale."""
+    row, g = tl.program_id(0), tl.program_id(1)
+    offs = g * GROUP + tl.arange(0, BLOCK)
+    mask = (tl.arange(0, BLOCK) < GROUP) & (offs < K)
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 448.0), min_scale)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -448.0), 448.0)
+    tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + row * stride_s + g, scale)
+
+
+@triton.jit
+def _w8a8_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, M, N,
+                 stride_a, stride_as, stride_w, stride_ws_n, stride_y, K: tl.constexpr,
+                 GROUPED: tl.constexpr, BN_SCALE: tl.constexpr, BK_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """fp8 A [M, K] x fp8 W [N, K]^T; each K tile's tl.dot is promoted to fp32 (and, GROUPED, scaled
+    by its activation group and weight block scales); ungrouped scales apply once at the end."""
+    pid = tl.program_id(0)
+    grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * grid_n  # grouped order: GROUP_M row tiles share each W column tile in L2
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m, pid_n = first_m + (pid % width) % size_m, (pid % width) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask, n_mask = offs_m < M, offs_n < N
+    a_ptrs = a_ptr + offs_m.to(tl.int64)[:, None] * stride_a + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w + offs_k[None, :]
+    as_rows = as_ptr + offs_m * stride_as
+    ws_rows = ws_ptr + (offs_n // BN_SCALE) * stride_ws_n
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = offs_k < K - k0
+        a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        part = tl.dot(a, tl.trans(w))
+        if GROUPED:
+            g = k0 // BK_SCALE
+            sa = tl.load(as_rows + g, mask=m_mask, other=0.0)
+            sw = tl.load(ws_rows + g, mask=n_mask, other=0.0)
+            acc += part * sa[:, None] * sw[None, :]
+        else:
+            acc += part
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if not GROUPED:
+        sa = tl.load(as_rows, mask=m_mask, other=0.0)
+        sw = tl.load(ws_rows, mask=n_mask, other=0.0)
+        acc = acc * sa[:, None] * sw[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+def pow2_divisor(n: int, cap: int) -> int:
+    """The largest power of two dividing n, at most cap."""
+    return min(n & -n, cap)
+
+
+def check_fp8_args(x, weight, scale, strategy, block, bias, out=None) -> None:
+    check_tensor("x", x, 2)
+    check_tensor("weight", weight, 2, (FP8,))
+    check_tensor("weight_scale", scale, scale.dim(), (torch.float32,))
+    n, k = weight.shape
+    if x.shape[1] != k:
+        raise ValueError(f"x has {x.shape[1]} columns, weight {tuple(weight.shape)} needs {k}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown FP8 weight strategy {strategy!r}")
+    want = {"tensor": (1,), "channel": (n,)}.get(strategy) or (-(-n // block[0]), -(-k // block[1]))
+    if tuple(scale.shape) != want or not scale.is_contiguous():
+        raise ValueError(f"{strategy} weight_scale must be contiguous {want}, got {tuple(scale.shape)}")
+    tensors = {"x": x, "weight": weight, "weight_scale": scale}
+    if bias is not None:
+        check_tensor("bias", bias, 1)
+        if bias.shape[0] != n:
+            raise ValueError(f"bias has {bias.shape[0]} entries, expected {n}")
+        tensors["bias"] = bias
+    if out is not None:
+        check_tensor("out", out, 2, (x.dtype,))
+        if tuple(out.shape) != (x.shape[0], n):
+            raise ValueError(f"out must be {(x.shape[0], n)}, got {tuple(out.shape)}")
+        tensors["out"] = out
+    check_same_device(**tensors)
+
+
+def quantize_activations_triton(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 [M, K], float32 scales [M, ceil(K / group_size)]), as the reference."""
+    check_tensor("x", x, 2)
+    m, k = x.shape
+    groups = triton.cdiv(k, group_size)
+    q = torch.empty(m, k, device=x.device, dtype=FP8)
+    scales = torch.empty(m, groups, device=x.device, dtype=torch.float32)
+    if m:
+        block = triton.next_power_of_2(group_size)
+        _quant_kernel[(m, groups)](x, q, scales, k, x.stride(0), q.stride(0), scales.stride(0), FP8_MIN_SCALE,
+                                   GROUP=group_size, BLOCK=block, num_warps=max(1, min(16, block // 512)))
+    return q, scales
+
+
+def w8a8_config(m: int) -> W8A8Config:
+    """Fixed by M (not tuned yet): 64-row tiles up to 64 rows, then 128 x 128."""
+    return W8A8Config(64, 128, 4, 4) if m <= 64 else W8A8Config(128, 128, 8, 3)
+
+
+def w8a8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, strategy: str,
+                       block: tuple[int, int] | None = None, bias: torch.Tensor | None = None,
+                       backend: str = "auto") -> torch.Tensor:
+    """Dynamic per-token (per-group for block weights) activation quantization + an FP8 tensor-core
+    GEMM. backend: "scaled_mm" (tensor / channel), "triton", or "auto" (scaled_mm where it applies)."""
+    check_fp8_args(x, weight, scale, strategy, block, bias)
+    m, (n, k) = x.shape[0], weight.shape
+    group = activation_group_size(strategy, block, k)
+    if strategy == "block" and pow2_divisor(group, 1 << 30) < 32:
+        raise ValueError(f"block {tuple(block)}: bk needs a power-of-two divisor >= 32")
+    if backend == "auto":
+        fits = strategy != "block" and x.dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0
+        backend = "scaled_mm" if fits else "triton"
+    q, x_scale = quantize_activations_triton(x, group)
+    if backend == "scaled_mm":
+        if strategy == "block":
+            raise ValueError("torch._scaled_mm takes tensor / channel weights here")
+        w_scale = scale.expand(n).reshape(1, n).contiguous()  # tensor: the scalar on every column
+        y = torch._scaled_mm(q, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype)
+        return y.add_(bias) if bias is not None else y
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if m == 0:
+        return y
+    cfg = w8a8_config(m)
+    grouped = strategy == "block"
+    bn, bk = block if grouped else (1, 1)
+    block_k = pow2_divisor(bk, 128) if grouped else 128
+    stride_ws = scale.stride(0) if grouped else (0 if strategy == "tensor" else 1)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    _w8a8_kernel[grid](q, x_scale, weight, scale, bias if bias is not None else scale, y, m, n,
+                       q.stride(0), x_scale.stride(0), weight.stride(0), stride_ws, y.stride(0), K=k,
+                       GROUPED=grouped, BN_SCALE=bn, BK_SCALE=bk, HAS_BIAS=bias is not None,
+                       BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GROUP_M=8,
+                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y
