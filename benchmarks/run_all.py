@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -226,6 +227,8 @@ def section_w2ab(out: dict) -> None:
 def run_section(name: str, out_dir: Path) -> None:
     out: dict = {}
     t = time.perf_counter()
+    # a SIGTERM (e.g. `timeout`) ends the section with what it measured so far written out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"section {name}: terminated"))
     try:
         if name in ("full", "smol", "w7", "w6", "w8"):
             globals()[f"section_{name}"](out, out_dir)
