@@ -3,9 +3,9 @@
 In-process (one runner at a time): KV blocks in the same memory and W4 decode steps for bf16,
 `--quantization fp8` and `--kv-cache-dtype fp8` (the last at a 2,048-token context, where
 the KV reads matter). Through both services: W1 and W2 with FP8 weights, W2 and the long-context
-workload (64 x 3,072-token prompts, 512 outputs) with the FP8 KV cache and with bf16, and W2 with
-both. Then the accuracy figures (benchmarks/fp8_accuracy.py). bf16 W1/W2 through both services
-are the `full` section's of the same suite run.
+workload (64 x 3,072-token prompts, 512 outputs) with the FP8 KV cache, W1 and W2 with both, and
+all three workloads in bf16 on a fresh cluster of the same section. Then the accuracy figures
+(benchmarks/fp8_accuracy.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def run(out: dict, log_dir: Path) -> None:
                                           ("--quantization", "fp8"))
     out["fp8_kv"] = _full_system_run(model, log_dir / "fp8kv", [], {"w2": w2, "long": long},
                                      ("--kv-cache-dtype", "fp8"))
-    out["bf16_long"] = _full_system_run(model, log_dir / "bf16long", [], {"long": long})
+    out["bf16"] = _full_system_run(model, log_dir / "bf16", [], {"w1": w1, "w2": w2, "long": long})
     out["fp8_both"] = _full_system_run(model, log_dir / "fp8both", [], {"w1": w1, "w2": w2},
                                        ("--quantization", "fp8", "--kv-cache-dtype", "fp8"))
     out["accuracy"] = {shape: fp8_accuracy.measure(model_path(shape)) for shape in ("llama-1b", "qwen3-0.6b")}
@@ -56,10 +56,10 @@ def rows(w8: dict, full: dict) -> list[tuple[str, str, str]]:
         for row in inproc.get("w4", []) + inproc.get("w4_ctx2048", []):
             r.append((f"W8 W4 {name} b={row['batch']} ctx={row['context']}",
                       f"graph {row['graph_step_ms']:.3f} ms (dev {row['graph_device_ms']:.3f})", ""))
-    bf16 = full.get("overlap_on", {})
+    bf16 = w8.get("bf16") or full.get("overlap_on", {})
     for variant, label in (("fp8_weights", "fp8 weights"), ("fp8_kv", "fp8 KV"), ("fp8_both", "fp8 both")):
         for name, res in w8.get(variant, {}).items():
-            base = (w8.get("bf16_long", {}) if name == "long" else bf16).get(name)
+            base = bf16.get(name)
             figure = f"{res['tpot_ms']:.3f} ms TPOT" if name == "w1" else f"{res['tok_s']:,.0f} tok/s"
             cmp = ""
             if base:
