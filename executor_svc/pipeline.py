@@ -20,6 +20,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 _END = object()
+MAX_READ_AHEAD = 8  # plans read and queued beyond the `depth` launched (the scheduler keeps <= 8 in flight)
 
 
 class StepPipeline:
@@ -32,7 +33,8 @@ class StepPipeline:
         self.worker, self.waiter, self.depth = worker, waiter, depth
 
     async def run(self, items: AsyncIterable) -> AsyncIterator[tuple[Any, Any]]:
-        queue: asyncio.Queue = asyncio.Queue()
+        # bounded: a peer that sends plans faster than they run is slowed by gRPC flow control
+        queue: asyncio.Queue = asyncio.Queue(maxsize=MAX_READ_AHEAD)
         reader = asyncio.ensure_future(_read(items, queue))
         steps: deque[tuple[Any, asyncio.Future]] = deque()  # launched, not yet answered
         getter: asyncio.Future | None = None
@@ -71,8 +73,7 @@ class StepPipeline:
 async def _read(items: AsyncIterable, queue: asyncio.Queue) -> None:
     try:
         async for item in items:
-            queue.put_nowait(item)
+            await queue.put(item)
     except Exception as exc:  # noqa: BLE001 - the stream broke: answer what was launched, then end
         log.warning("plan stream ended: %s", exc)
-    finally:
-        queue.put_nowait(_END)
+    await queue.put(_END)  # not reached when cancelled: run() has stopped reading then

@@ -164,3 +164,31 @@ def test_execute_two_ahead_and_one_at_a_time_equal_sequential(runner):
     for ahead in (2, 1, 2):
         got = asyncio.run(asyncio.wait_for(_over_grpc(runner, plans, ahead), TIMEOUT))
         assert [_key(r) for r in got] == [_key(r) for r in expected], ahead
+
+
+def test_plans_are_read_ahead_only_up_to_the_bound():
+    """A peer that sends plans far faster than they run: the pipeline reads at most `depth`
+    launched + MAX_READ_AHEAD queued (+ the one being handed over) before the first result."""
+    from executor_svc.pipeline import MAX_READ_AHEAD
+
+    pulled = []
+
+    async def flood():
+        for step in range(100):
+            pulled.append(step)
+            yield step
+
+    async def first_result():
+        pool, waiter = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+        pipeline = StepPipeline(FakeRunner(gpu_s=0.3).launch, FakeRunner(gpu_s=0.3).finish, pool, waiter, depth=2)
+        gen = pipeline.run(flood())
+        item, _ = await asyncio.wait_for(gen.__anext__(), TIMEOUT)
+        read = len(pulled)
+        await gen.aclose()
+        pool.shutdown()
+        waiter.shutdown()
+        return item, read
+
+    item, read = asyncio.run(first_result())
+    assert item == 0
+    assert 2 + MAX_READ_AHEAD <= read <= 2 + MAX_READ_AHEAD + 1, read  # + the one waiting to be queued
