@@ -32,11 +32,14 @@ def run(workload_name: str, step_ms: float, stream_interval: int, num_requests: 
         load(cluster.address, [([5, 6, 7], 4)] * 4)  # warm-up
         before = cluster.status()
         r = load(cluster.address, workload)
-        steps = cluster.status().num_steps - before.num_steps
+        after = cluster.status()
+        steps = after.num_steps - before.num_steps
     finally:
         cluster.stop()
+    per_step = {f: (getattr(after.step_timings, f) - getattr(before.step_timings, f)) / max(steps, 1)
+                for f in ("schedule_us", "apply_us", "result_wait_us")}
     return dict(tokens=r.output_tokens, tok_s=r.tokens_per_s, wall_s=r.wall_s, steps=steps,
-                ideal_tok_s=r.output_tokens / (steps * step_ms / 1e3))
+                ideal_tok_s=r.output_tokens / (steps * step_ms / 1e3), per_step=per_step)
 
 
 def main() -> None:
@@ -47,7 +50,8 @@ def main() -> None:
     args = p.parse_args()
     r = run(args.workload, args.step_ms, args.stream_interval)
     print(f"{args.workload}: {r['tok_s']:,.0f} tok/s over {r['steps']} steps "
-          f"(a perfectly fed {args.step_ms} ms executor: {r['ideal_tok_s']:,.0f} tok/s)")
+          f"(a perfectly fed {args.step_ms} ms executor: {r['ideal_tok_s']:,.0f} tok/s); per step: "
+          + ", ".join(f"{k} {v:.0f}" for k, v in r["per_step"].items()))
 
 
 if __name__ == "__main__":
