@@ -91,7 +91,6 @@ def sweep() -> list[dict]:
         print(f"b={batch:4d} ctx={context:5d} default {default_us:7.1f} us ({row['default_bw']:.0%}) "
               f"best {best_us:7.1f} us ({row['best_bw']:.0%}) {best}", flush=True)
         rows.append(row)
-        del q, k, v, tables
         torch.cuda.empty_cache()
     return rows
 

@@ -2,7 +2,7 @@
 
     python -m benchmarks.fp8_accuracy [--json OUT] [--shapes llama-1b,qwen3-0.6b]
 
-For each shape (random bf16 weights, benchmarks/run_all.model_path) and each FP8 variant —
+For each shape (random bf16 weights, benchmarks/harness.model_path) and each FP8 variant —
 weights quantized at load (`--quantization fp8`, per-channel e4m3), the KV cache in e4m3
 (`--kv-cache-dtype fp8`, scales 1.0), and both — the same seeded token sequences are run
 teacher-forced through the model directly: the prompt in one prefill step (M = prompt tokens:
@@ -93,7 +93,7 @@ def _fmt(r: dict) -> str:
 
 
 def main() -> None:
-    from benchmarks.run_all import model_path
+    from benchmarks.harness import model_path
 
     p = argparse.ArgumentParser()
     p.add_argument("--json", help="write the figures here")

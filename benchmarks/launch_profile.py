@@ -80,7 +80,7 @@ def replay_cost(runner, batch: int, reps: int = 200) -> float:
 
 
 def main() -> None:
-    from benchmarks.run_all import runner_for
+    from benchmarks.harness import runner_for
 
     p = argparse.ArgumentParser()
     p.add_argument("--json", help="write the rows here")

@@ -9,7 +9,6 @@ the last thing printed is the table.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import signal
 import subprocess
@@ -17,40 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-MODELS = Path("/tmp/llmserve-bench")
+from benchmarks.harness import (
+    MODELS,
+    _full_system_run,
+    model_path,
+    runner_for,
+    runner_for_folder,
+)
+
 SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w6", "w8")
 OLD_TREE = Path(".old/base")  # a checkout of the commit to compare with (w2ab), if present
-
-
-def model_path(shape: str) -> Path:
-    """Builds (once) a random bf16 model folder of a benchmarks.md shape."""
-    import torch
-
-    from executor_svc.random_model import build_random_model
-
-    folder = MODELS / shape
-    if not (folder / "config.json").exists():
-        t = time.perf_counter()
-        build_random_model(folder, shape, dtype=torch.bfloat16, device="cuda",
-                           max_position_embeddings=4096)
-        print(f"built {shape} in {time.perf_counter() - t:.1f} s", flush=True)
-    return folder
-
-
-def runner_for(shape: str, **overrides):
-    return runner_for_folder(model_path(shape), **overrides)
-
-
-def runner_for_folder(folder: Path, **overrides):
-    from executor_svc.config import ExecutorConfig
-    from executor_svc.startup import build_runner
-
-    config = dataclasses.replace(ExecutorConfig.from_args(
-        ["--model", str(folder), "--device", "cuda", "--insecure-no-auth"]), **overrides)
-    t = time.perf_counter()
-    runner = build_runner(config)
-    return runner, time.perf_counter() - t
-
 
 def section_w4(out: dict) -> None:
     """W4 decode steps, start-up figures, and W1/W2 with the executor in-process (no gRPC)."""
@@ -69,43 +44,6 @@ def section_w4(out: dict) -> None:
         out[f"inproc_w1_overlap{int(overlap)}"] = dict(tpot_ms=1e3 * wall / tokens, busy=busy)
         tokens, wall, busy = inprocess.run_workload(runner, workloads.w2(), temperature=0.6, overlap=overlap)
         out[f"inproc_w2_overlap{int(overlap)}"] = dict(tokens=tokens, wall_s=wall, tok_s=tokens / wall, busy=busy)
-
-
-TIMING_FIELDS = ("schedule_us", "apply_us", "result_wait_us", "executor_queued_us",
-                 "executor_launch_us", "device_idle_us")
-
-
-def _per_step(before, after) -> dict:
-    """Mean µs per step of each StepTimings field (both sides of the step stream) and of the
-    device time, between two status answers."""
-    steps = max(after.num_steps - before.num_steps, 1)
-    out = {f: (getattr(after.step_timings, f) - getattr(before.step_timings, f)) / steps for f in TIMING_FIELDS}
-    out["device_us"] = (after.executor_busy_us - before.executor_busy_us) / steps
-    return out
-
-
-def _full_system_run(model: Path, log_dir: Path, scheduler_args: list[str], workloads_: dict,
-                     executor_args: tuple[str, ...] = ()) -> dict:
-    from benchmarks.client import load
-    from benchmarks.cluster import Cluster
-
-    cluster = Cluster(model, log_dir, ["--device", "cuda", *executor_args], scheduler_args, timeout=600)
-    results = {}
-    try:
-        load(cluster.address, [([1, 2, 3], 8)] * 4)  # warm-up
-        for name, (workload, temperature) in workloads_.items():
-            before, t = cluster.status(), time.perf_counter()
-            r = load(cluster.address, workload, temperature)
-            after, wall = cluster.status(), time.perf_counter() - t
-            busy = (after.executor_busy_us - before.executor_busy_us) / 1e6 / wall
-            results[name] = dict(tokens=r.output_tokens, wall_s=r.wall_s, tok_s=r.tokens_per_s,
-                                 tpot_ms=r.tpot_ms_median, ttft_ms=r.ttft_ms_median, busy=busy,
-                                 steps=after.num_steps - before.num_steps,
-                                 graph_steps=after.num_graph_steps - before.num_graph_steps,
-                                 per_step=_per_step(before, after))
-    finally:
-        cluster.stop()
-    return results
 
 
 BEFORE_ISSUE_12 = (["--pipeline-depth", "2"], ("--mixed-cuda-graph-sizes", "none"))

@@ -24,7 +24,7 @@ from benchmarks import inprocess, workloads  # noqa: E402  (from TREE)
 from executor_svc.config import ExecutorConfig  # noqa: E402
 from executor_svc.startup import build_runner  # noqa: E402
 
-MODEL = "/tmp/llmserve-bench/llama-1b"  # built by run_all.model_path before this runs
+MODEL = "/tmp/llmserve-bench/llama-1b"  # built by harness.model_path before this runs
 runner = build_runner(ExecutorConfig.from_args(["--model", MODEL, "--device", "cuda", "--insecure-no-auth"]))
 inprocess.run_workload(runner, workloads.w2(64), temperature=0.6)  # warm-up
 

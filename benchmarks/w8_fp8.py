@@ -20,7 +20,7 @@ def run(out: dict, log_dir: Path) -> None:
     import torch
 
     from benchmarks import decode_step, fp8_accuracy, workloads
-    from benchmarks.run_all import _full_system_run, model_path, runner_for
+    from benchmarks.harness import _full_system_run, model_path, runner_for
 
     model = model_path("llama-1b")
     for name, overrides in VARIANTS.items():
