@@ -162,3 +162,16 @@ def fp8_case(case: PagedCase, k_scale: float, v_scale: float) -> tuple[PagedCase
     quantized = replace(case, k_cache=k8, v_cache=v8)
     dense = replace(case, k_cache=dequantize_kv_reference(k8, ks), v_cache=dequantize_kv_reference(v8, vs))
     return quantized, dense, (ks, vs)
+
+
+def mixed_lens(rng, kinds: list[str], max_ctx: int) -> tuple[list[int], list[int]]:
+    """(q_lens, seq_lens) of a mixed varlen batch: per kind a prefill (<= 700 new tokens), a
+    chunk over a cached prefix (<= 300), a decode row or a padded row (seq_len 0)."""
+    q_lens, seq_lens = [], []
+    for kind in kinds:
+        seq_len = rng.randint(1, max_ctx)
+        q_len = {"prefill": min(seq_len, 700), "chunk": rng.randint(1, min(seq_len, 300)), "decode": 1,
+                 "padded": 1}[kind]
+        q_lens.append(q_len)
+        seq_lens.append(0 if kind == "padded" else max(seq_len, q_len))
+    return q_lens, seq_lens

@@ -21,6 +21,7 @@ from tests.kernels.kernel_cases import (
     dense_attention,
     fp8_case,
     make_case,
+    mixed_lens,
     rel_err,
     tolerance,
 )
@@ -159,13 +160,7 @@ def test_paged_attention_varlen_fp8(dtype_index, head_dim, num_heads, num_kv_hea
     dtype = DTYPES[dtype_index]
     rng = random.Random(head_dim * 3 + num_heads + window)
     max_ctx = 2000 if ON_CUDA else 140
-    q_lens, seq_lens = [], []
-    for kind in ["prefill", "chunk", "decode", "padded", "chunk", "decode"]:
-        seq_len = rng.randint(1, max_ctx)
-        q_len = {"prefill": min(seq_len, 700), "chunk": rng.randint(1, min(seq_len, 300)), "decode": 1,
-                 "padded": 1}[kind]
-        q_lens.append(q_len)
-        seq_lens.append(0 if kind == "padded" else max(seq_len, q_len))
+    q_lens, seq_lens = mixed_lens(rng, ["prefill", "chunk", "decode", "padded", "chunk", "decode"], max_ctx)
     case = make_case(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, DEVICE,
                      seed=window + head_dim, sliding_window=window)
     quantized, dense, (ks, vs) = fp8_case(case, K_SCALE, V_SCALE)

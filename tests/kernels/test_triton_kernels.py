@@ -9,8 +9,16 @@ import pytest
 import torch
 
 from kernels import reference as ref
-from tests.kernels.kernel_cases import (DEVICE, ON_CUDA, TRITON_MARKS, dense_attention, make_case, rel_err,
-                                       tolerance)
+from tests.kernels.kernel_cases import (
+    DEVICE,
+    ON_CUDA,
+    TRITON_MARKS,
+    dense_attention,
+    make_case,
+    mixed_lens,
+    rel_err,
+    tolerance,
+)
 
 pytestmark = TRITON_MARKS
 
@@ -122,13 +130,7 @@ def test_paged_attention_varlen_sliding_window(dtype_index, head_dim, num_heads,
     dtype = DTYPES[dtype_index]
     rng = random.Random(window * 7 + head_dim)
     max_ctx = 2000 if ON_CUDA else 140
-    q_lens, seq_lens = [], []
-    for kind in ["prefill", "chunk", "decode", "padded", "chunk", "prefill", "decode"]:
-        seq_len = rng.randint(1, max_ctx)
-        q_len = {"prefill": min(seq_len, 700), "chunk": rng.randint(1, min(seq_len, 300)), "decode": 1,
-                 "padded": 1}[kind]
-        q_lens.append(q_len)
-        seq_lens.append(0 if kind == "padded" else max(seq_len, q_len))
+    q_lens, seq_lens = mixed_lens(rng, ["prefill", "chunk", "decode", "padded", "chunk", "prefill", "decode"], max_ctx)
     case = make_case(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, DEVICE,
                      seed=window, sliding_window=window)
     out = torch.full_like(case.q, POISON)
