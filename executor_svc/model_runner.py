@@ -21,9 +21,11 @@ from executor_svc.models.llama import KVCache, LlamaForCausalLM
 from executor_svc.plan_checks import check_plan
 from executor_svc.sampler import SamplingTensors, sample
 from executor_svc.sampler_graphs import SamplerGraphs, processor_params
+from executor_svc.spec_verify import Rollbacks, VerifyRows, prepare_verify, verify, verify_result
 from executor_svc.step_buffers import StepBuffers
 from executor_svc.step_inputs import PreparedStep, Scheduled, StepLimits, prepare_step
 from executor_svc.step_logprobs import PendingLogprobs, PendingPromptLogprobs, prompt_logprobs
+from executor_svc.step_timer import StepTimer
 from step_protocol.domain import ExecutorInfo, StepPlan, StepResult
 
 
@@ -34,10 +36,11 @@ class StepHandle:
     out: StepResult  # step_id, prepare_us, graph_size set by launch(); the rest by finish()
     req_ids: list[int] = field(default_factory=list)  # requests that sample, in plan order
     sampled_host: torch.Tensor | None = None  # [N] int64 view of a pinned host buffer
-    timer: _Timer | None = None  # CUDA: its last event marks the step's completion
+    timer: StepTimer | None = None  # CUDA: its last event marks the step's completion
     prev_end: torch.cuda.Event | None = None  # the previous step's completion (device idle)
     logprobs: PendingLogprobs | None = None
     prompt_logprobs: PendingPromptLogprobs | None = None
+    verify: VerifyRows | None = None  # speculative decoding's verify rows (spec_verify.py)
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -67,6 +70,7 @@ class ModelRunner:
         self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
         self._last_end: torch.cuda.Event | None = None  # completion event of the last launched step
         self._stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None  # every step's
+        self._rollbacks = Rollbacks()  # rejected drafts' slots, given back at the next launch
 
     def info(self) -> ExecutorInfo:
         """The handshake answer: what start-up loaded, allocated and captured."""
@@ -84,6 +88,7 @@ class ModelRunner:
                 self.finish(handle)
         self._handles = [None, None]
         self._last_end = None
+        self._rollbacks.clear()
         self.batch.clear()
 
     # ---- one step -------------------------------------------------------------------------
@@ -120,8 +125,10 @@ class ModelRunner:
         try:
             self.buffers.use_host(parity)
             step = self._prepare(scheduled)
-            shape = self.graphs.shape_for(step) if self._graphs_on else None
-            timer = _Timer(self.device, self._stream)
+            spec = None if scheduled.drafts is None else prepare_verify(
+                self.batch, self.buffers, scheduled, plan.draft_token_ids, step.sample_rows)
+            shape = self.graphs.shape_for(step) if self._graphs_on and spec is None else None
+            timer = StepTimer(self.device, self._stream)
             timer.mark()  # the step's start on the device: before its input copies
             attn = self._copy_inputs(step, shape)
             out.prepare_us = int((time.perf_counter() - t0) * 1e6)
@@ -134,6 +141,9 @@ class ModelRunner:
             if step.num_sample:
                 decode_size = shape.num_reqs if shape is not None and shape.decode else 0
                 handle.logprobs = self._sample(step, logits, sampled_host, decode_size)
+            if spec is not None:  # verify steps run eagerly: the hidden states are there
+                verify(spec, self.model.compute_logits(hidden[spec.token_index]), self.batch.last_sampled_gpu)
+                handle.verify = spec
             if step.prompt_logprobs is not None:
                 handle.prompt_logprobs = prompt_logprobs(self.model.compute_logits, hidden,
                                                          step.prompt_logprobs)
@@ -165,6 +175,8 @@ class ModelRunner:
                 out.req_ids = handle.req_ids
                 if handle.logprobs is not None:
                     out.logprobs = handle.logprobs.result(out.token_ids)
+                if handle.verify is not None:  # a verify row answers its accepted drafts + 1
+                    out.token_ids, out.num_tokens = verify_result(handle.verify, out.token_ids, self._rollbacks)
             if handle.prompt_logprobs is not None:
                 out.prompt_logprobs = handle.prompt_logprobs.result()
             handle.finished = True
@@ -175,6 +187,7 @@ class ModelRunner:
         preempted rows, adds new requests and applies the block deltas of the cached ones
         (columns, used as they come). Returns the scheduled rows in plan order: new requests,
         then cached ones."""
+        self._rollbacks.apply(self.batch)  # of verify steps finished since the last launch
         checked = check_plan(plan, self.batch, self._info)
         batch, cached = self.batch, plan.cached_requests
         for req_id in (*plan.finished_req_ids, *plan.preempted_req_ids):
@@ -190,7 +203,10 @@ class ModelRunner:
         counts = np.concatenate([
             np.array([new.num_scheduled_tokens for new in plan.new_requests], dtype=np.int64),
             np.asarray(cached.num_scheduled_tokens, dtype=np.int64)])
-        return Scheduled(rows, counts)
+        drafts = checked.num_drafts
+        if drafts is not None:
+            drafts = np.concatenate([np.zeros(len(new_rows), dtype=np.int64), drafts])
+        return Scheduled(rows, counts, drafts)
 
     def _prepare(self, scheduled: Scheduled) -> PreparedStep:
         """Writes the step's inputs into the host buffers, advances the rows (step_inputs.py)."""
@@ -257,44 +273,3 @@ class ModelRunner:
         lp = (graphs.logprobs(graph_size, sampled) if graphs is not None
               else compute_logprobs(logits, sampled, step.num_logprobs))
         return PendingLogprobs(lp, step.num_logprobs)
-
-
-class _Timer:
-    """Wall-clock marks on CPU; CUDA events on GPU (the last one is the step's completion event),
-    recorded on `stream` (the runner's, looked up once: current_stream() costs host time)."""
-
-    def __init__(self, device: torch.device, stream: torch.cuda.Stream | None):
-        self.cuda, self.stream = device.type == "cuda", stream
-        self.marks = []
-
-    def mark(self) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(self.stream)
-            self.marks.append(ev)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def wait(self) -> None:
-        if self.cuda:
-            self.marks[-1].synchronize()
-
-    @property
-    def end_event(self) -> torch.cuda.Event | None:
-        return self.marks[-1] if self.cuda else None
-
-    def elapsed_us(self) -> tuple[int, int]:
-        """(forward, sample) in µs; on CUDA only after wait(). Counted from the mark after the
-        input copies: the first mark may wait for the host (it times the device idle only)."""
-        start, b, c = self.marks[1], self.marks[2], self.marks[3]
-        if self.cuda:
-            return int(start.elapsed_time(b) * 1e3), int(b.elapsed_time(c) * 1e3)
-        return int((b - start) * 1e6), int((c - b) * 1e6)
-
-    def idle_before_us(self, prev_end: torch.cuda.Event | None) -> int:
-        """µs the device sat idle between prev_end (the previous step's completion) and this
-        step's start; ~0 when this step was queued before the previous one ended. CUDA only,
-        after wait()."""
-        if not self.cuda or prev_end is None:
-            return 0
-        return max(0, int(prev_end.elapsed_time(self.marks[0]) * 1e3))

@@ -33,6 +33,7 @@ class CheckedPlan:
     plan: StepPlan
     cached_rows: np.ndarray  # [C] int64: persistent rows of plan.cached_requests.req_ids
     num_new_blocks: np.ndarray  # [C] int64: plan.cached_requests.num_new_blocks
+    num_drafts: np.ndarray | None = None  # [C] int64 draft tokens per cached row; None = none
 
 
 def check_plan(plan: StepPlan, batch: InputBatch, info: ExecutorInfo) -> CheckedPlan:
@@ -44,8 +45,37 @@ def check_plan(plan: StepPlan, batch: InputBatch, info: ExecutorInfo) -> Checked
     for new in plan.new_requests:
         _check_new_request(new, info, batch.max_blocks_per_seq)
     _check_block_ids(plan, num_new_blocks, info.num_blocks)
-    _check_cached_spans(plan, cached_rows, num_scheduled, num_new_blocks, batch, info)
-    return CheckedPlan(plan, cached_rows, num_new_blocks)
+    num_drafts = _check_drafts(plan, cached_rows, num_scheduled, batch, info)
+    _check_cached_spans(plan, cached_rows, num_scheduled, num_new_blocks, batch, info,
+                        0 if num_drafts is None else num_drafts)
+    return CheckedPlan(plan, cached_rows, num_new_blocks, num_drafts)
+
+
+def _check_drafts(plan: StepPlan, rows: np.ndarray, n: np.ndarray, batch: InputBatch,
+                  info: ExecutorInfo) -> np.ndarray | None:
+    """Draft tokens (speculative decoding, spec_verify.py): [C] counts, or None without any.
+    A verify row computes 1 + d tokens from its last sampled or last known token, with
+    sampling the verifier implements (no logits processor, no logprobs)."""
+    if not plan.num_draft_tokens and not plan.draft_token_ids:
+        return None
+    num_cached = len(plan.cached_requests.req_ids)
+    d = np.zeros(num_cached, dtype=np.int64)
+    counts = np.asarray(plan.num_draft_tokens, dtype=np.int64).reshape(-1)
+    if len(counts) > num_cached or (counts < 0).any() or int(counts.sum()) != len(plan.draft_token_ids):
+        raise PlanError(f"num_draft_tokens {list(counts[:8])} (for {num_cached} cached rows) do not "
+                        f"match {len(plan.draft_token_ids)} draft_token_ids")
+    d[:len(counts)] = counts
+    ids = np.asarray(plan.draft_token_ids, dtype=np.int64)
+    if ((ids < 0) | (ids >= info.vocab_size)).any():
+        raise PlanError(f"a draft token id is outside the vocabulary (0 to {info.vocab_size - 1})")
+    rs = batch.sampling
+    bad = np.flatnonzero((d > 0) & ((n != d + 1) | (batch.num_computed[rows] + 1 < batch.num_known[rows])
+                                    | rs.uses_processors[rows] | (rs.logprobs[rows] >= 0)))
+    if len(bad):
+        i = int(bad[0])
+        raise PlanError(f"cached request {plan.cached_requests.req_ids[i]}: {d[i]} drafts need a decode "
+                        f"row of {d[i] + 1} tokens without logits processors or logprobs")
+    return d
 
 
 def _check_ids(plan: StepPlan, batch: InputBatch, gone: set[int]) -> None:
@@ -190,7 +220,7 @@ def _first_outside(block_ids: list[int], num_blocks: int) -> int | None:
 
 
 def _check_cached_spans(plan: StepPlan, rows: np.ndarray, n: np.ndarray, num_new_blocks: np.ndarray,
-                        batch: InputBatch, info: ExecutorInfo) -> None:
+                        batch: InputBatch, info: ExecutorInfo, num_drafts: np.ndarray | int = 0) -> None:
     """Each cached row's chunk stays within its blocks (after this plan's), max_model_len and
     its known tokens, except a lone decode token right after them (fed from its last sample)."""
     start = batch.num_computed[rows]
@@ -199,7 +229,9 @@ def _check_cached_spans(plan: StepPlan, rows: np.ndarray, n: np.ndarray, num_new
     num_blocks = batch.num_blocks[rows] + num_new_blocks
     too_many_blocks = num_blocks > batch.max_blocks_per_seq
     past_blocks = end > np.minimum(num_blocks * info.block_size, info.max_model_len)
-    past_known = (end > known) & ~((n == 1) & (start >= known))
+    # a lone decode token, or a verify row: its last sampled (or last known) token + d drafts
+    lone = (n == 1 + num_drafts) & (start + np.minimum(num_drafts, 1) >= known)
+    past_known = (end > known) & ~lone
     bad = np.flatnonzero(too_many_blocks | past_blocks | past_known)
     if not len(bad):
         return

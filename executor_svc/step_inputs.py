@@ -25,6 +25,7 @@ class Scheduled:
 
     rows: np.ndarray  # [B] int64 persistent rows
     counts: np.ndarray  # [B] int64 num_scheduled_tokens
+    drafts: np.ndarray | None = None  # [B] int64 draft tokens of verify rows; None = none
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -24,6 +24,9 @@ class SchedulerConfig:
     # Automatic prefix caching (vLLM's name): requests whose prompts start alike share the KV
     # blocks of that prefix instead of computing it again (docs/scheduler.md).
     enable_prefix_caching: bool = True
+    # Speculative decoding, vLLM's --speculative-config JSON (method "ngram" only: prompt
+    # lookup, docs/scheduler.md "Speculative decoding"); "" = off.
+    speculative_config: str = ""
     # Requests allowed to wait for admission; beyond, new requests get RESOURCE_EXHAUSTED.
     max_waiting: int = 4096
     # Plan ahead while the executor runs: with depth d, steps N+1..N+d-1 are planned and sent
@@ -116,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=_env("ENABLE_PREFIX_CACHING", d.enable_prefix_caching),
                    help="reuse the KV blocks of a prompt prefix already computed "
                         "(default on; --no-enable-prefix-caching turns it off)")
+    p.add_argument("--speculative-config", type=_speculative_config,
+                   default=_env("SPECULATIVE_CONFIG", d.speculative_config),
+                   help="speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", "
+                        "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, "
+                        "\"prompt_lookup_min\": 2}' (n-gram prompt lookup only; default off)")
     p.add_argument("--max-waiting", type=int, default=_env("MAX_WAITING", d.max_waiting))
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    default=_env("OVERLAP", d.overlap),
@@ -186,6 +194,16 @@ def _add_api_boundary_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> N
     p.add_argument("--api-key", default=_env("API_KEY", os.environ.get("LLMSERVE_API_KEY", d.api_key)),
                    help="require 'authorization: Bearer <key>' on every RPC but health "
                         "(prefer the LLMSERVE_API_KEY environment variable: flags show in ps)")
+
+
+def _speculative_config(text: str) -> str:
+    from scheduler_svc.core.spec_decode import parse_speculative_config  # no torch there
+
+    try:
+        parse_speculative_config(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _depth(text: str) -> int:

@@ -86,6 +86,11 @@ class CoreStats:
     prefix_cache_hits: int = 0
     executor_available: bool = False  # handshaken and answering; False while (re)connecting
     num_preemptions: int = 0  # requests preempted (each time), since start
+    # Speculative decoding (vLLM's spec_decode counters), since start: verify rows (a request's
+    # drafts checked in one step), draft tokens proposed, drafts accepted.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
     # Where the steps' time went (µs, summed; StepTimings in the public proto): the step loop's
     # planning + sending, applying results, waiting for results; the executor's plan queueing,
     # launches and device idle.

@@ -24,7 +24,8 @@ def plan_to_pb(plan: StepPlan) -> pb.StepPlan:
         cached_requests=pb.CachedRequests(
             req_ids=c.req_ids, num_scheduled_tokens=c.num_scheduled_tokens,
             num_new_blocks=c.num_new_blocks, new_block_ids=c.new_block_ids),
-        finished_req_ids=plan.finished_req_ids, preempted_req_ids=plan.preempted_req_ids)
+        finished_req_ids=plan.finished_req_ids, preempted_req_ids=plan.preempted_req_ids,
+        num_draft_tokens=plan.num_draft_tokens, draft_token_ids=plan.draft_token_ids)
 
 
 def plan_from_pb(msg: pb.StepPlan) -> StepPlan:
@@ -41,7 +42,8 @@ def plan_from_pb(msg: pb.StepPlan) -> StepPlan:
         cached_requests=CachedRequestData(
             req_ids=list(c.req_ids), num_scheduled_tokens=list(c.num_scheduled_tokens),
             num_new_blocks=list(c.num_new_blocks), new_block_ids=list(c.new_block_ids)),
-        finished_req_ids=list(msg.finished_req_ids), preempted_req_ids=list(msg.preempted_req_ids))
+        finished_req_ids=list(msg.finished_req_ids), preempted_req_ids=list(msg.preempted_req_ids),
+        num_draft_tokens=list(msg.num_draft_tokens), draft_token_ids=list(msg.draft_token_ids))
 
 
 def result_to_pb(result: StepResult) -> pb.StepResult:
@@ -49,7 +51,7 @@ def result_to_pb(result: StepResult) -> pb.StepResult:
         step_id=result.step_id, req_ids=result.req_ids, token_ids=result.token_ids,
         prepare_us=result.prepare_us, forward_us=result.forward_us, sample_us=result.sample_us,
         graph_size=result.graph_size, queued_us=result.queued_us, launch_us=result.launch_us,
-        device_idle_us=result.device_idle_us, error=result.error)
+        device_idle_us=result.device_idle_us, error=result.error, num_tokens=result.num_tokens)
     if result.logprobs is not None:
         msg.logprobs.CopyFrom(_logprobs_to_pb(result.logprobs))
     p = result.prompt_logprobs
@@ -65,7 +67,7 @@ def result_from_pb(msg: pb.StepResult) -> StepResult:
         step_id=msg.step_id, req_ids=list(msg.req_ids), token_ids=list(msg.token_ids),
         prepare_us=msg.prepare_us, forward_us=msg.forward_us, sample_us=msg.sample_us,
         graph_size=msg.graph_size, queued_us=msg.queued_us, launch_us=msg.launch_us,
-        device_idle_us=msg.device_idle_us, error=msg.error)
+        device_idle_us=msg.device_idle_us, error=msg.error, num_tokens=list(msg.num_tokens))
     if msg.HasField("logprobs"):
         result.logprobs = _logprobs_from_pb(msg.logprobs)
     if msg.HasField("prompt_logprobs"):

@@ -114,6 +114,16 @@ class StepPlan:
     # Requests preempted since the last plan: the executor drops their rows; they come back
     # later as NewRequestData.
     preempted_req_ids: list[int] = field(default_factory=list)
+    # Speculative decoding: the drafts of cached row i (num_scheduled_tokens = 1 + drafts);
+    # rows past the end of num_draft_tokens have none (empty = a step without drafts).
+    num_draft_tokens: list[int] = field(default_factory=list)
+    draft_token_ids: list[int] = field(default_factory=list)
+
+    def add_drafts(self, draft_token_ids: list[int]) -> None:
+        """Gives the cached row appended last these drafts."""
+        self.num_draft_tokens += [0] * (len(self.cached_requests) - 1 - len(self.num_draft_tokens))
+        self.num_draft_tokens.append(len(draft_token_ids))
+        self.draft_token_ids.extend(draft_token_ids)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -189,10 +199,19 @@ class StepResult:
     logprobs: Logprobs | None = None
     prompt_logprobs: PromptLogprobs | None = None
     error: str = ""  # non-empty when the step failed: the scheduler fails its requests
+    # Speculative decoding: how many of token_ids each req_ids entry has (accepted drafts,
+    # then one sampled token); empty = one each.
+    num_tokens: list[int] = field(default_factory=list)
 
-    def sampled(self) -> dict[int, int]:
-        """req_id -> sampled token id."""
-        return dict(zip(self.req_ids, self.token_ids))
+    def sampled(self) -> dict[int, int] | dict[int, list[int]]:
+        """req_id -> sampled token id; with num_tokens, req_id -> its list of token ids."""
+        if not self.num_tokens:
+            return dict(zip(self.req_ids, self.token_ids))
+        out, i = {}, 0
+        for req_id, n in zip(self.req_ids, self.num_tokens):
+            out[req_id] = self.token_ids[i:i + n]
+            i += n
+        return out
 
 
 @dataclass(frozen=True)

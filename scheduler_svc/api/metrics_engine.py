@@ -47,6 +47,12 @@ class EngineCollector:
                             s.prefix_cache_hits)
         yield self._counter("num_preemptions", "Preemptions (a running request sent back to "
                             "the queue to be recomputed)", s.num_preemptions)
+        yield self._counter("spec_decode_num_drafts", "Speculative decoding: verify rows (one "
+                            "request's drafts checked in one step)", s.spec_decode_num_drafts)
+        yield self._counter("spec_decode_num_draft_tokens", "Speculative decoding: draft tokens "
+                            "proposed", s.spec_decode_num_draft_tokens)
+        yield self._counter("spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens "
+                            "accepted", s.spec_decode_num_accepted_tokens)
         busy = (s.prepare_us + s.forward_us + s.sample_us) / 1e6
         yield self._counter("executor_busy_seconds", "Executor time in steps (prepare + forward "
                             "+ sample)", busy)

@@ -109,6 +109,10 @@ class Request:
         # None before the first), and whether they went out (with the first output; once).
         self.prompt_logprobs: Any = None
         self.prompt_logprobs_sent = params.prompt_logprobs is None
+        # Speculative decoding (core/spec_decode.py): the drafts of its verify step in flight,
+        # and whether its sampling may speculate at all (None = not yet asked).
+        self.draft_token_ids: list[int] = []
+        self.spec_eligible: bool | None = None
 
     @property
     def wants_prompt_logprobs(self) -> bool:

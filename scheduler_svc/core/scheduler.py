@@ -8,43 +8,28 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from step_protocol.domain import NewRequestData, StepPlan, StepResult
 
 from .detokenizer import detokenizer_factory as make_detokenizer_factory
+from .core_config import SchedulerCoreConfig  # noqa: F401  (re-exported: the core's config)
 from .kv_cache_manager import KVCacheManager, check_runnable
-from .logprobs import StepLogprobs, StepResultError, collect_prompt_logprobs, token_output
+from .logprobs import StepLogprobs, StepResultError, collect_prompt_logprobs
 from .outputs import RequestOutput
 from .request import FinishReason, Request, RequestStatus
 from .samples import HeldSamples
+from .spec_decode import SpecDecoder, tokens_output
 from .stop import StopStringMatcher, length_reached
 from .tokenizer import Tokenizer
-
-
-@dataclass(frozen=True)
-class SchedulerCoreConfig:
-    """What the scheduler core needs; built from the executor handshake and the flags."""
-
-    num_blocks: int  # KV blocks in the executor's cache, including the null block 0
-    block_size: int  # tokens per block
-    max_num_seqs: int  # most requests running at once
-    max_num_batched_tokens: int  # token budget of one step
-    max_model_len: int  # prompt + output never exceed this
-    long_prefill_token_threshold: int = 0  # most prefill tokens of one request per step; 0 = off
-    eos_token_ids: tuple[int, ...] = ()
-    enable_prefix_caching: bool = True  # share the KV of equal prefixes (docs/scheduler.md)
 
 
 class Scheduler:
     """Plans steps (schedule) and applies their sampled tokens (update_from_output).
 
-    The caller may run one step ahead: schedule() for step N+1 before update_from_output() of
-    step N. Every plan with rows must be applied, in step order; a plan without rows needs
-    no result (applying it anyway is a no-op). A request's blocks return to the pool only once
-    no step in flight includes it.
-
+    The caller may run steps ahead: schedule() for step N+1 before update_from_output() of
+    step N. Every plan with rows must be applied, in step order (a plan without rows needs no
+    result). A request's blocks return to the pool only once no step in flight includes it.
     detokenizer_factory makes a request's incremental detokenizer (step(token_id) -> str); a
     Tokenizer stands for detokenizer_factory(tokenizer); None means no text, only token ids.
     """
@@ -66,6 +51,8 @@ class Scheduler:
         self._next_step_id = 0
         self._inflight_step_ids: deque[int] = deque()
         self._finished_req_ids: list[int] = []  # for the next plan
+        spec = config.speculative
+        self.spec = SpecDecoder(spec, config.max_model_len, config.eos_token_ids) if spec else None
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -124,13 +111,16 @@ class Scheduler:
         """Prefix-cache (queried, hit) tokens of requests admitted since the last call."""
         return self.kv.stats.take()
 
+    def take_spec_decode_stats(self) -> tuple[int, int, int]:
+        """(verify rows, draft tokens, accepted drafts) since the last call; zeros when off."""
+        return self.spec.stats.take() if self.spec is not None else (0, 0, 0)
+
     # -- planning ------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
         """Plans the next step: running requests first (oldest first), then waiting ones."""
         out = StepPlan(step_id=self._next_step_id, finished_req_ids=self._finished_req_ids)
-        self._next_step_id += 1
-        self._finished_req_ids = []
+        self._next_step_id, self._finished_req_ids = self._next_step_id + 1, []
         budget, can_admit = self._schedule_running(out, self.config.max_num_batched_tokens)
         if can_admit:
             self._schedule_waiting(out, budget)
@@ -147,10 +137,15 @@ class Scheduler:
             if num_new_tokens == 0:  # finishes once its token in flight arrives
                 i += 1
                 continue
+            drafts = self.spec.propose(request, budget - num_new_tokens) if self.spec else []
+            num_new_tokens += len(drafts)  # a verify row: its last token, then the drafts
             if not self._make_room(request, num_new_tokens, out):
+                request.draft_token_ids = []
                 return budget, False
             new_block_ids = self.kv.allocate_slots(request, num_new_tokens)
             out.cached_requests.append(request.req_id, num_new_tokens, new_block_ids)
+            if drafts:
+                out.add_drafts(drafts)
             self._advance(request, num_new_tokens)
             budget -= num_new_tokens
             i += 1
@@ -204,6 +199,8 @@ class Scheduler:
         """The one rule: catch computed tokens up with all tokens, within the limits."""
         if length_reached(request, self.config.max_model_len, request.num_pending_tokens):
             return 0  # its last token is in flight: it will finish whatever the token is
+        if self.spec is not None and request.num_pending_tokens:
+            return 0  # speculating: its next drafts need the tokens in flight (docs/scheduler.md)
         num_new_tokens = request.num_tokens_with_pending - num_computed_tokens
         if self.config.long_prefill_token_threshold > 0:
             num_new_tokens = min(num_new_tokens, self.config.long_prefill_token_threshold)
@@ -212,7 +209,7 @@ class Scheduler:
     def _advance(self, request: Request, num_new_tokens: int) -> None:
         request.num_computed_tokens += num_new_tokens
         request.num_inflight_steps += 1
-        if request.num_computed_tokens == request.num_tokens_with_pending:
+        if request.num_computed_tokens >= request.num_tokens_with_pending:  # (> : drafts)
             request.num_pending_tokens += 1  # the row reaches the end of its tokens: it samples
 
     def _preempt(self, request: Request, out: StepPlan) -> None:
@@ -229,12 +226,11 @@ class Scheduler:
 
     def update_from_output(self, output: StepPlan, sampled: dict[int, int],
                            result: StepResult | None = None) -> list[RequestOutput]:
-        """Applies a step's sampled tokens (req_id -> token id); returns what each request
-        produced. Tokens of requests finished or aborted meanwhile are discarded.
-
-        sampled must hold every row that reached the end of its tokens (a partial prefill
-        chunk samples nothing). If the executor failed the step, abort its requests. result
-        (the step's StepResult) carries the logprobs of requests that asked for them.
+        """Applies a step's sampled tokens (req_id -> token id, or -> token ids of a verify
+        row); returns what each request produced. Tokens of requests finished or aborted
+        meanwhile are discarded. sampled must hold every row that reached the end of its
+        tokens (a partial prefill chunk samples nothing); if the executor failed the step,
+        abort its requests first. result carries the logprobs of requests that asked.
         """
         if not output.has_rows():
             return []
@@ -255,14 +251,16 @@ class Scheduler:
             # exactly when every step in flight did.
             should_sample = request.num_pending_tokens == request.num_inflight_steps
             request.num_inflight_steps -= 1
+            token_id = sampled.get(req_id)  # a list of token ids for a verify step
+            if self.spec is not None and not request.num_inflight_steps:  # (its verify step is its last)
+                num_tokens -= self.spec.settle(request, token_id)  # rejected drafts: KV void
             if not request.is_finished:  # (a failed step aborts its requests first)
                 self.kv.cache_written_blocks(request, num_tokens)  # its KV is there: share it
                 self.held.release(request, self.waiting)  # samples waiting for its prompt KV
-            token_id = sampled.get(req_id)
             if token_id is not None and request.num_pending_tokens > 0:
                 request.num_pending_tokens -= 1
                 if not request.is_finished:
-                    outputs.append(self._append_token(request, token_id, logprobs))
+                    outputs.append(self._append_tokens(request, token_id, logprobs))
             elif token_id is None and should_sample and request.status is RequestStatus.RUNNING:
                 missing.append(req_id)
             self._release_blocks(request)
@@ -270,9 +268,11 @@ class Scheduler:
             raise StepResultError(f"step {output.step_id} returned no token for requests {missing[:8]}")
         return outputs
 
-    def _append_token(self, request: Request, token_id: int, logprobs: StepLogprobs) -> RequestOutput:
-        out = token_output(request, token_id, self.config.eos_token_ids,
-                           self.config.max_model_len, logprobs)
+    def _append_tokens(self, request: Request, token_ids: int | list[int],
+                       logprobs: StepLogprobs) -> RequestOutput:
+        """Appends a step's token (a verify step's: its tokens up to the first that finishes)."""
+        out = tokens_output(request, token_ids, self.config.eos_token_ids,
+                            self.config.max_model_len, logprobs)
         if out.finish_reason is not None:
             self._finish(request, out.finish_reason)
         return out

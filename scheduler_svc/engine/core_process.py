@@ -22,6 +22,7 @@ from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.samples import sample_requests
 from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig, StepResultError
+from scheduler_svc.core.spec_decode import parse_speculative_config
 from scheduler_svc.core.tokenizer import Tokenizer
 from scheduler_svc.engine.executor_client import ExecutorClient, ExecutorUnavailable
 from scheduler_svc.engine.stats import EngineStats, StatsLogger
@@ -49,6 +50,7 @@ def core_config(config: SchedulerConfig, info: ExecutorInfo) -> SchedulerCoreCon
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         eos_token_ids=tuple(info.eos_token_ids),
         enable_prefix_caching=config.enable_prefix_caching,
+        speculative=parse_speculative_config(config.speculative_config),
     )
 
 
@@ -170,6 +172,10 @@ class EngineCore:
             num_queries, num_hits = sched.take_prefix_cache_stats()  # totals survive a reconnect
             s.prefix_cache_queries += num_queries
             s.prefix_cache_hits += num_hits
+            num_drafts, num_draft_tokens, num_accepted = sched.take_spec_decode_stats()
+            s.spec_decode_num_drafts += num_drafts
+            s.spec_decode_num_draft_tokens += num_draft_tokens
+            s.spec_decode_num_accepted_tokens += num_accepted
         else:  # no executor: nothing runs, nothing is held
             s.num_total_blocks = s.num_free_blocks = s.num_running = s.num_waiting = 0
         self.engine_stats.on_outputs(outputs)

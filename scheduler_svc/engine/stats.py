@@ -69,6 +69,15 @@ class EngineStats:
         return scheduled
 
 
+def spec_decode_text(num_drafts: int, num_draft_tokens: int, num_accepted: int) -> str:
+    """The speculative decoding part of the stats line (vLLM's figures); "" without drafts.
+    Mean acceptance length: tokens a verify row produced on average (its accepted drafts + 1)."""
+    if not num_drafts:
+        return ""
+    return (f", Spec decode: mean acceptance length {1 + num_accepted / num_drafts:.2f}, "
+            f"draft acceptance rate {100 * num_accepted / max(num_draft_tokens, 1):.1f}%")
+
+
 class StatsLogger:
     """Writes vLLM's periodic stats line every `interval` seconds while there was activity."""
 
@@ -81,13 +90,15 @@ class StatsLogger:
     def _snapshot(self) -> tuple[int, ...]:
         s, es = self._es.stats, self._es
         return (es.num_prompt_tokens, es.num_generation_tokens, s.prefix_cache_queries,
-                s.prefix_cache_hits, s.num_steps)
+                s.prefix_cache_hits, s.num_steps, s.spec_decode_num_drafts,
+                s.spec_decode_num_draft_tokens, s.spec_decode_num_accepted_tokens)
 
     def line(self) -> str | None:
         """The stats line since the last call, or None when nothing ran meanwhile."""
         now, snap = time.monotonic(), self._snapshot()
         dt = max(now - self._last_time, 1e-9)
-        d_prompt, d_gen, d_queries, d_hits, d_steps = (a - b for a, b in zip(snap, self._last))
+        d_prompt, d_gen, d_queries, d_hits, d_steps, d_drafts, d_draft_tokens, d_accepted = (
+            a - b for a, b in zip(snap, self._last))
         self._last, self._last_time = snap, now
         s = self._es.stats
         if not (d_steps or d_prompt or d_gen or s.num_running or s.num_waiting):
@@ -97,7 +108,8 @@ class StatsLogger:
         return (f"Avg prompt throughput: {d_prompt / dt:.1f} tokens/s, "
                 f"Avg generation throughput: {d_gen / dt:.1f} tokens/s, "
                 f"Running: {s.num_running} reqs, Waiting: {s.num_waiting} reqs, "
-                f"KV cache usage: {100 * kv:.1f}%, Prefix cache hit rate: {100 * hit_rate:.1f}%")
+                f"KV cache usage: {100 * kv:.1f}%, Prefix cache hit rate: {100 * hit_rate:.1f}%"
+                + spec_decode_text(d_drafts, d_draft_tokens, d_accepted))
 
     async def run(self) -> None:
         if self.interval <= 0:

@@ -246,14 +246,15 @@ def cached_rows(cached: CachedRequestData) -> list[tuple[int, int, list[int]]]:
 
 
 def run(scheduler: Scheduler, arrivals: dict[int, list[Request]], aborts=None, *,
-        ahead: bool | int, max_steps: int = 2000, seeded: bool = False) -> tuple[dict[int, Stream], list[StepPlan]]:
+        ahead: bool | int, max_steps: int = 2000, seeded: bool = False,
+        executor: FakeExecutor | None = None) -> tuple[dict[int, Stream], list[StepPlan]]:
     """Drives scheduler and a FakeExecutor to completion through the engine's StepLoop.
     arrivals/aborts are keyed by the number of schedule() calls made before they happen (when
     the engine is idle, time jumps to the next arrival). With ahead=True, step N+1 is planned
     before step N's result is applied; an int is the loop's depth (3: N+1 and N+2)."""
     aborts = aborts or {}
     streams: dict[int, Stream] = {}
-    transport = FakeTransport(FakeExecutor(scheduler.config.block_size, seeded))
+    transport = FakeTransport(executor or FakeExecutor(scheduler.config.block_size, seeded))
     depth = (2 if ahead else 1) if isinstance(ahead, bool) else ahead
     loop = StepLoop(scheduler, transport, depth,
                     on_outputs=lambda outputs, errors: collect(streams, outputs, errors))

@@ -107,18 +107,22 @@ class CachedRequests(_message.Message):
     def __init__(self, req_ids: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., num_new_blocks: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_requests", "cached_requests", "finished_req_ids", "preempted_req_ids")
+    __slots__ = ("step_id", "new_requests", "cached_requests", "finished_req_ids", "preempted_req_ids", "num_draft_tokens", "draft_token_ids")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_requests: CachedRequests
     finished_req_ids: _containers.RepeatedScalarFieldContainer[int]
     preempted_req_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Union[CachedRequests, _Mapping]] = ..., finished_req_ids: _Optional[_Iterable[int]] = ..., preempted_req_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    num_draft_tokens: _containers.RepeatedScalarFieldContainer[int]
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Union[CachedRequests, _Mapping]] = ..., finished_req_ids: _Optional[_Iterable[int]] = ..., preempted_req_ids: _Optional[_Iterable[int]] = ..., num_draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Logprobs(_message.Message):
     __slots__ = ("num_top", "token_ids", "logprobs", "ranks", "top_token_ids", "top_logprobs")
@@ -149,7 +153,7 @@ class PromptLogprobs(_message.Message):
     def __init__(self, req_ids: _Optional[_Iterable[int]] = ..., first_positions: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Logprobs, _Mapping]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "req_ids", "token_ids", "prepare_us", "forward_us", "sample_us", "graph_size", "error", "logprobs", "prompt_logprobs", "queued_us", "launch_us", "device_idle_us")
+    __slots__ = ("step_id", "req_ids", "token_ids", "prepare_us", "forward_us", "sample_us", "graph_size", "error", "logprobs", "prompt_logprobs", "queued_us", "launch_us", "device_idle_us", "num_tokens")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +167,7 @@ class StepResult(_message.Message):
     QUEUED_US_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_US_FIELD_NUMBER: _ClassVar[int]
     DEVICE_IDLE_US_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     req_ids: _containers.RepeatedScalarFieldContainer[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -176,7 +181,8 @@ class StepResult(_message.Message):
     queued_us: int
     launch_us: int
     device_idle_us: int
-    def __init__(self, step_id: _Optional[int] = ..., req_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., prepare_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., sample_us: _Optional[int] = ..., graph_size: _Optional[int] = ..., error: _Optional[str] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[PromptLogprobs, _Mapping]] = ..., queued_us: _Optional[int] = ..., launch_us: _Optional[int] = ..., device_idle_us: _Optional[int] = ...) -> None: ...
+    num_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step_id: _Optional[int] = ..., req_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., prepare_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., sample_us: _Optional[int] = ..., graph_size: _Optional[int] = ..., error: _Optional[str] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[PromptLogprobs, _Mapping]] = ..., queued_us: _Optional[int] = ..., launch_us: _Optional[int] = ..., device_idle_us: _Optional[int] = ..., num_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
     __slots__ = ()

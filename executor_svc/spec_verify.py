@@ -1,0 +1,172 @@
+"""Speculative decoding on the executor: verify rows and the rejection rule.
+
+A verify row is a cached row with d draft tokens (StepPlan.num_draft_tokens): it computes
+1 + d tokens, its last sampled token (fed from the device, as a decode row's) then the drafts,
+like a prefill chunk. The logits of its first d positions score the drafts; its last position
+is sampled as any row's (the bonus token). Draft j is accepted with probability p(d_j), p the
+target's distribution at that position (temperature, top-k, top-p applied); at the first
+rejection the row's token is drawn from p with d_j removed and renormalised (max(p - q, 0) for
+a point-mass draft q), else the bonus is. So the tokens are distributed exactly as the target's
+(greedy: accept iff d_j is the argmax, token-exact). The randomness is the sampler's counter
+hash (kernels/reference.py uniform_noise, Gumbel-max): replayable from (seed, position).
+
+The row answers its accepted drafts and that one token. Its num_computed was advanced over all
+1 + d tokens at launch; the rejected drafts' slots are given back when the step is finished
+(Rollbacks, applied at the next launch: the scheduler plans the row again only after it has
+this step's result). Verify steps run eagerly (no CUDA graph) for now.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import kernels
+from executor_svc.input_batch import InputBatch, RequestState
+from executor_svc.sampler import apply_top_k_top_p
+from executor_svc.step_buffers import StepBuffers
+from executor_svc.step_inputs import Scheduled
+from kernels.reference import uniform_noise
+
+# Seeds of the acceptance uniforms: a stream apart from the Gumbel noise of the same position.
+ACCEPT_SEED_KEY = 0x5EC_DEC0DE
+
+
+def rejection_sample(logits: torch.Tensor, draft_ids: torch.Tensor, temperature: torch.Tensor,
+                     top_k: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,
+                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rejection rule for point-mass drafts, M positions at once (a pure function).
+
+    logits [M, V] of the positions predicting draft_ids [M]; per position the row's sampling
+    parameters and the position of the token drawn there. Returns (accepted [M] bool, recovered
+    [M] int64): accepted = u < p(draft) with u = uniform_noise(seed ^ ACCEPT_SEED_KEY, position)
+    (greedy: draft == argmax); recovered = a sample of p with the draft removed, renormalised,
+    by Gumbel-max with the sampler's noise of (seed, position) (greedy: the argmax)."""
+    logits = logits.float()
+    greedy_ids = logits.argmax(dim=-1)
+    random_rows = temperature > 0
+    scaled = apply_top_k_top_p(logits / temperature.clamp_min(1e-5)[:, None], top_k, top_p)
+    probs = scaled.softmax(dim=-1)
+    p_draft = probs.gather(1, draft_ids[:, None])[:, 0]
+    u = uniform_noise(seeds ^ ACCEPT_SEED_KEY, positions, 1)[:, 0]
+    accepted = torch.where(random_rows, u < p_draft, greedy_ids == draft_ids)
+    residual = probs.scatter(1, draft_ids[:, None], 0.0)  # max(p - q, 0), q = one-hot(draft)
+    ones = torch.ones_like(temperature, dtype=torch.float32)
+    recovered = kernels.gumbel_sample(residual.log(), ones, seeds, positions)
+    return accepted, torch.where(random_rows, recovered, greedy_ids)
+
+
+@dataclass
+class VerifyRows:
+    """The verify rows of one prepared step (host facts, plus their device tensors)."""
+
+    states: list[RequestState]  # per verify row
+    sample_index: np.ndarray  # [S] int64: its index among the step's sampled rows
+    num_drafts: np.ndarray  # [S] int64
+    token_index: torch.Tensor  # [D] int64: the step's token predicting each draft
+    draft_ids: torch.Tensor  # [D] int64
+    params: tuple[torch.Tensor, ...]  # per draft: temperature, top_k, top_p, seed, position
+    pad_index: torch.Tensor  # [S, Dmax] int64 into the D drafts (0 where past a row's)
+    pad_valid: torch.Tensor  # [S, Dmax] bool
+    rows: torch.Tensor  # [S] int64 persistent rows
+    tokens: torch.Tensor | None = None  # [S, Dmax + 1]: accepted drafts, then the row's token
+    num_accepted: torch.Tensor | None = None  # [S]
+
+
+def prepare_verify(batch: InputBatch, buf: StepBuffers, sched: Scheduled, draft_token_ids: list[int],
+                   sample_rows: np.ndarray) -> VerifyRows:
+    """Writes the drafts of the verify rows (sched.drafts [B] > 0, plan order) into the host
+    input buffers (the row's first token is its last sample, the rest its drafts); call after
+    prepare_step, before the copy to the device."""
+    rows, counts, num_drafts = sched.rows, sched.counts, sched.drafts
+    device = batch.last_sampled_gpu.device
+    idx = np.flatnonzero(num_drafts)
+    d = num_drafts[idx]
+    cu = np.cumsum(counts)
+    offsets = (cu - counts)[idx]  # the row's first token in the step
+    drafts = np.asarray(draft_token_ids, dtype=np.int64)
+    vrows = rows[idx]
+    starts = batch.num_computed[vrows] - counts[idx]  # prepare_step advanced them already
+    # The first token is the last sample (a decode row) or the last known token (the end of
+    # a prefill: prepare_step wrote it); drafts follow.
+    use_last, ids = buf.use_last.np, buf.input_ids.np
+    use_last[cu[idx] - 1] = False
+    use_last[offsets] = starts >= batch.num_known[vrows]
+    ends = np.cumsum(d)
+    for off, n, end in zip(offsets.tolist(), d.tolist(), ends.tolist()):
+        ids[off + 1:off + 1 + n] = drafts[end - n:end]
+    rep = np.repeat(np.arange(len(idx)), d)
+    within = np.arange(int(ends[-1])) - np.repeat(ends - d, d)
+    token_index = offsets[rep] + within
+    prow = vrows[rep]
+    params = (batch.temperature[prow], batch.top_k[prow], batch.top_p[prow], batch.seed[prow],
+              starts[rep] + within + 1)
+    dmax = int(d.max())
+    pad = np.arange(dmax)[None, :]
+    valid = pad < d[:, None]
+    pad_index = np.where(valid, (ends - d)[:, None] + pad, 0)
+    position_of = {int(r): i for i, r in enumerate(sample_rows.tolist())}
+    sample_index = np.array([position_of[int(r)] for r in vrows], dtype=np.int64)
+
+    def t(a) -> torch.Tensor:
+        return torch.as_tensor(np.ascontiguousarray(a)).to(device)
+
+    return VerifyRows([batch.states[int(r)] for r in vrows], sample_index, d, t(token_index),
+                      t(drafts), tuple(t(p) for p in params), t(pad_index), t(valid), t(vrows))
+
+
+def verify(v: VerifyRows, logits: torch.Tensor, last_sampled: torch.Tensor) -> None:
+    """Scores the drafts (logits [D, V] of v.token_index), picks each row's tokens and stores
+    its last one as the row's last sampled token, where the sampler stored the bonus token."""
+    bonus = last_sampled[v.rows]
+    accepted, recovered = rejection_sample(logits, v.draft_ids, *v.params)
+    acc = accepted[v.pad_index] & v.pad_valid  # [S, Dmax]
+    num_accepted = acc.long().cumprod(dim=1).sum(dim=1)  # [S]
+    d = v.pad_valid.sum(dim=1)
+    rec = recovered[v.pad_index]
+    final = torch.where(num_accepted < d, rec.gather(1, num_accepted.clamp(max=rec.shape[1] - 1)[:, None])[:, 0],
+                        bonus)
+    tokens = torch.cat([v.draft_ids[v.pad_index], torch.zeros_like(final)[:, None]], dim=1)
+    v.tokens = tokens.scatter(1, num_accepted[:, None], final[:, None])
+    v.num_accepted = num_accepted
+    last_sampled.index_copy_(0, v.rows, final)
+
+
+class Rollbacks:
+    """Rejected drafts' slots, found when a verify step is finished (any thread), given back
+    to the rows at the next launch (the device thread) — if the row is still that request's."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pending: list[tuple[RequestState, int]] = []
+
+    def add(self, states: list[RequestState], num_rejected: list[int]) -> None:
+        with self._lock:
+            self._pending.extend(zip(states, num_rejected))
+
+    def apply(self, batch: InputBatch) -> None:
+        if not self._pending:
+            return
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for state, n in pending:
+            if batch.states[state.row] is state:
+                batch.num_computed[state.row] -= n
+
+    def clear(self) -> None:
+        with self._lock:
+            self._pending = []
+
+
+def verify_result(v: VerifyRows, token_ids: list[int], rollbacks: Rollbacks) -> tuple[list[int], list[int]]:
+    """(token ids, tokens per sampled row) of a finished step from its sampled ids (one per
+    row) and its verify rows; registers the rejected drafts' rollbacks."""
+    tokens, num_accepted = v.tokens.tolist(), v.num_accepted.tolist()
+    per_row: list[list[int]] = [[t] for t in token_ids]
+    for i, a in zip(v.sample_index.tolist(), range(len(num_accepted))):
+        per_row[i] = tokens[a][:num_accepted[a] + 1]
+    rollbacks.add(v.states, [int(n - a) for n, a in zip(v.num_drafts.tolist(), num_accepted)])
+    return [t for row in per_row for t in row], [len(row) for row in per_row]

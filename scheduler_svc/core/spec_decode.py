@@ -1,0 +1,167 @@
+"""Speculative decoding on the scheduler side (no torch): the n-gram (prompt lookup) proposer,
+how many drafts a request may verify in a step, and settling a verify step's result (the
+rejected drafts' slots go back, the acceptance counters). See docs/scheduler.md,
+"Speculative decoding"; the executor verifies (executor_svc/spec_verify.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+
+from .logprobs import StepLogprobs, StepResultError, token_output
+from .outputs import RequestOutput
+from .request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SpecDecodeConfig:
+    """vLLM's --speculative-config fields this server implements (method "ngram" only)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 0  # most drafts a request verifies per step
+    prompt_lookup_max: int = 0  # longest n-gram matched (tried first)
+    prompt_lookup_min: int = 0  # shortest n-gram matched
+
+
+def parse_speculative_config(text: str) -> SpecDecodeConfig | None:
+    """The --speculative-config JSON (vLLM's meaning); "" = off. ValueError for anything
+    else than a valid n-gram config. As in vLLM, a missing lookup bound takes the other's
+    value, and both missing are 5."""
+    if not text.strip():
+        return None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError("must be a JSON object")
+    known = {f.name for f in fields(SpecDecodeConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"unsupported fields {unknown} (supported: {sorted(known)})")
+    method = raw.get("method", "ngram")
+    if method not in ("ngram", "[ngram]"):
+        raise ValueError(f"method {method!r}: only 'ngram' (prompt lookup) is implemented")
+    values = {}
+    for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+        value = raw.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        values[name] = value
+    k, lo, hi = values["num_speculative_tokens"], values["prompt_lookup_min"], values["prompt_lookup_max"]
+    if k is None:
+        raise ValueError("num_speculative_tokens is required")
+    lo, hi = (lo or hi or 5), (hi or lo or 5)
+    if lo > hi:
+        raise ValueError(f"prompt_lookup_min {lo} > prompt_lookup_max {hi}")
+    return SpecDecodeConfig("ngram", k, hi, lo)
+
+
+def propose_ngram(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """Prompt lookup: the up to k tokens that followed the latest earlier occurrence of the
+    longest suffix of `tokens` of min_n..max_n tokens; [] when no such suffix occurs before."""
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = tokens[length - n:]
+        last = suffix[-1]
+        for end in range(length - 2, n - 2, -1):  # end: the last index of a candidate match
+            if tokens[end] == last and tokens[end - n + 1:end + 1] == suffix:
+                return tokens[end + 1:end + 1 + k]
+    return []
+
+
+@dataclass
+class SpecDecodeStats:
+    """Running totals (vLLM's spec_decode counters): verify rows, drafts, accepted drafts."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    def take(self) -> tuple[int, int, int]:
+        out = (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens)
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        return out
+
+
+class SpecDecoder:
+    """Proposes drafts for decode rows whose tokens are all known, and settles the results."""
+
+    def __init__(self, config: SpecDecodeConfig, max_model_len: int, eos_token_ids: tuple[int, ...]):
+        self.config = config
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.stats = SpecDecodeStats()
+
+    def eligible(self, request: Request) -> bool:
+        """Requests whose sampling the verifier implements: no logits processors (their state
+        is per position) and no logprobs (the verifier returns none)."""
+        if request.spec_eligible is None:
+            p = request.params
+            request.spec_eligible = (p.logprobs is None and p.prompt_logprobs is None
+                                     and not p.sampler_params(self.eos_token_ids).uses_processors)
+        return request.spec_eligible
+
+    def propose(self, request: Request, budget: int) -> list[int]:
+        """Drafts for a decode row of `request` (its last token known, none in flight) within
+        `budget` more tokens of this step, max_tokens and the context; [] = a plain decode."""
+        if request.num_pending_tokens or request.num_computed_tokens != request.num_tokens - 1:
+            return []
+        k = min(self.config.num_speculative_tokens, budget,
+                request.params.max_tokens - request.num_output_tokens - 1,  # 1 + k tokens out
+                self.max_model_len - request.num_tokens - 1)
+        if k <= 0 or not self.eligible(request):
+            return []
+        drafts = propose_ngram(request.all_token_ids, self.config.prompt_lookup_min,
+                               self.config.prompt_lookup_max, k)
+        request.draft_token_ids = drafts
+        return drafts
+
+    def settle(self, request: Request, token_ids: int | list[int] | None) -> int:
+        """Applies a verify row's result: returns its rejected drafts (their KV is void) and
+        moves num_computed_tokens back over them. A row without drafts returns 0."""
+        drafts = request.draft_token_ids
+        if not drafts:
+            return 0
+        request.draft_token_ids = []
+        if token_ids is None:  # a failed step: its requests are aborted
+            return len(drafts)
+        token_ids = [token_ids] if isinstance(token_ids, int) else token_ids
+        accepted = len(token_ids) - 1
+        if not 0 <= accepted <= len(drafts) or token_ids[:accepted] != drafts[:accepted]:
+            raise StepResultError(f"request {request.req_id}: tokens {token_ids} do not extend "
+                                  f"an accepted prefix of its drafts {drafts}")
+        rejected = len(drafts) - accepted
+        if request.status is RequestStatus.RUNNING:  # (a preempted one starts again from 0)
+            request.num_computed_tokens -= rejected
+        self.stats.num_drafts += 1
+        self.stats.num_draft_tokens += len(drafts)
+        self.stats.num_accepted_tokens += accepted
+        return rejected
+
+
+def tokens_output(request: Request, token_ids: int | list[int], eos_token_ids: tuple[int, ...],
+                  max_model_len: int, logprobs: StepLogprobs) -> RequestOutput:
+    """logprobs.token_output of a step's token, or of a verify step's tokens up to the first
+    that finishes the request (none past it is appended or streamed), as one output."""
+    if isinstance(token_ids, int):
+        return token_output(request, token_ids, eos_token_ids, max_model_len, logprobs)
+    outs = []
+    for token_id in token_ids:
+        outs.append(token_output(request, token_id, eos_token_ids, max_model_len, logprobs))
+        if outs[-1].finish_reason is not None:
+            break
+    return merge_outputs(outs)
+
+
+def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
+    """The outputs of one request's tokens of one step, as one output (in order)."""
+    if len(outputs) == 1:
+        return outputs[0]
+    first, last = outputs[0], outputs[-1]
+    logprobs = None if first.logprobs is None else [e for o in outputs for e in o.logprobs]
+    return RequestOutput(first.req_id, [t for o in outputs for t in o.new_token_ids],
+                         "".join(o.new_text for o in outputs), last.finish_reason, last.matched_stop,
+                         first.num_prompt_tokens, last.num_output_tokens, logprobs,
+                         first.prompt_logprobs)

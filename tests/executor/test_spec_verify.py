@@ -1,0 +1,108 @@
+"""The rejection rule of speculative decoding (executor_svc/spec_verify.py) on CPU: tokens it
+yields follow the target distribution exactly (chi-square over many seeded draws on a tiny
+vocabulary), greedy rows accept exactly the argmax, draws replay from (seed, position); and
+the plan checks of verify rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from executor_svc.plan_checks import PlanError
+from executor_svc.sampler import apply_top_k_top_p
+from executor_svc.spec_verify import rejection_sample
+from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
+from tests.executor.conftest import cached_rows, make_runner
+
+V = 6
+# chi-square quantile at p = 0.999 for V - 1 = 5 degrees of freedom (fewer when some p = 0)
+CHI2_999 = {5: 20.52, 4: 18.47, 3: 16.27, 2: 13.82, 1: 10.83}
+
+
+def draw(logits, draft, temperature, top_k=0, top_p=1.0, n=40000, position=11):
+    """n draws of one position's token (accepted draft or recovered), seeds 0..n-1."""
+    rows = logits[None].expand(n, V).contiguous()
+    accepted, recovered = rejection_sample(
+        rows, torch.full((n,), draft), torch.full((n,), temperature), torch.full((n,), top_k),
+        torch.full((n,), top_p), torch.arange(n, dtype=torch.int64) * 7919 + 3,
+        torch.full((n,), position, dtype=torch.int64))
+    return torch.where(accepted, torch.full_like(recovered, draft), recovered), accepted
+
+
+def target(logits, temperature, top_k=0, top_p=1.0):
+    scaled = apply_top_k_top_p((logits / temperature)[None], torch.tensor([top_k]), torch.tensor([top_p]))
+    return scaled.softmax(dim=-1)[0]
+
+
+def chi_square(tokens, p):
+    counts = torch.bincount(tokens, minlength=V).double()
+    n = len(tokens)
+    live = p > 0
+    assert counts[~live].sum() == 0, "drew a token the target cannot produce"
+    expected = p[live].double() * n
+    return float(((counts[live] - expected) ** 2 / expected).sum()), int(live.sum()) - 1
+
+
+LOGITS = torch.tensor([2.0, 0.5, -1.0, 1.2, 0.0, -0.4])
+
+
+@pytest.mark.parametrize("draft", [0, 2, 3])  # the likeliest, an unlikely and a middle token
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 4, 1.0),
+                                                     (1.0, 0, 0.8)])
+def test_rejection_sampling_matches_the_target(draft, temperature, top_k, top_p):
+    p = target(LOGITS, temperature, top_k, top_p)
+    tokens, accepted = draw(LOGITS, draft, temperature, top_k, top_p)
+    stat, dof = chi_square(tokens, p)
+    assert stat < CHI2_999[dof], (stat, tokens.bincount(minlength=V), p)
+    # accepted with probability p(draft): a binomial within 5 sigma
+    n, q = len(tokens), float(p[draft])
+    assert abs(float(accepted.double().sum()) - n * q) <= 5 * (n * q * (1 - q)) ** 0.5 + 1
+
+
+def test_a_wrong_rule_fails_the_test():
+    """The chi-square test has power: recovering from p itself (the draft not removed) is off."""
+    p = target(LOGITS, 1.0)
+    tokens, accepted = draw(LOGITS, 0, 1.0)
+    wrong = tokens.clone()
+    rejected = ~accepted
+    wrong[rejected] = torch.multinomial(p, int(rejected.sum()), replacement=True, generator=torch.Generator().manual_seed(0))
+    assert chi_square(wrong, p)[0] > CHI2_999[5]
+
+
+def test_greedy_accepts_exactly_the_argmax_and_draws_replay():
+    logits = torch.randn(8, V, generator=torch.Generator().manual_seed(1))
+    drafts = torch.tensor([0, 1, 2, 3, 4, 5, 0, 1])
+    zeros = torch.zeros(8)
+    args = (torch.zeros(8, dtype=torch.int64), torch.ones(8), torch.arange(8), torch.arange(8) + 5)
+    accepted, recovered = rejection_sample(logits, drafts, zeros, *args)
+    assert torch.equal(accepted, logits.argmax(-1) == drafts)
+    assert torch.equal(recovered, logits.argmax(-1))
+    a1, r1 = rejection_sample(logits, drafts, zeros + 1, *args)
+    a2, r2 = rejection_sample(logits, drafts, zeros + 1, *args)
+    assert torch.equal(a1, a2) and torch.equal(r1, r2)
+    assert bool((r1[~a1] != drafts[~a1]).all())  # a recovered token is never the draft
+
+
+def test_verify_rows_are_checked(model_dirs):
+    runner = make_runner(model_dirs["tiny-llama"], num_kv_blocks=32, block_size=16)
+    new = NewRequestData(1, [5, 6, 7, 8], SamplerParams(), [1], 0, 4)
+    runner.execute(StepPlan(0, new_requests=[new]))
+    bad_plans = [
+        StepPlan(1, cached_requests=cached_rows((1, 3)), num_draft_tokens=[1], draft_token_ids=[5]),  # 1 + 1 != 3
+        StepPlan(1, cached_requests=cached_rows((1, 2)), num_draft_tokens=[1], draft_token_ids=[10 ** 6]),
+        StepPlan(1, cached_requests=cached_rows((1, 2)), num_draft_tokens=[2], draft_token_ids=[5]),
+        StepPlan(1, cached_requests=cached_rows((1, 2)), num_draft_tokens=[1, 0], draft_token_ids=[5]),
+    ]
+    for plan in bad_plans:
+        with pytest.raises(PlanError):
+            runner.launch(plan)
+    lp = NewRequestData(2, [5, 6, 7], SamplerParams(logprobs=2), [2], 0, 3)
+    runner.execute(StepPlan(1, new_requests=[lp]))
+    with pytest.raises(PlanError, match="logprobs"):
+        runner.launch(StepPlan(2, cached_requests=cached_rows((2, 2)), num_draft_tokens=[1],
+                               draft_token_ids=[5]))
+    # a good verify row: 1 + 2 tokens, answered with 1 to 3 tokens, the greedy continuation's
+    result = runner.execute(StepPlan(2, cached_requests=cached_rows((1, 3)), num_draft_tokens=[2],
+                                     draft_token_ids=[5, 6]))
+    assert result.req_ids == [1] and len(result.num_tokens) == 1 and 1 <= result.num_tokens[0] <= 3
+    assert len(result.token_ids) == result.num_tokens[0]

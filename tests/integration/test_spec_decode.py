@@ -1,0 +1,133 @@
+"""Speculative decoding (n-gram proposer) end to end on tiny random models: the scheduler core
+driving a real ModelRunner through the engine's step loop (benchmarks/inprocess.py's transport:
+plans and results go through their protobuf form). Greedy outputs must be token-exact with
+speculation off; proposals must be accepted on repetitive text and rejected elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from benchmarks.inprocess import InProcessTransport
+from executor_svc.config import ExecutorConfig
+from executor_svc.random_model import build_random_model
+from executor_svc.startup import build_runner
+from scheduler_svc.core.request import Request, SamplingParams
+from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig
+from scheduler_svc.core.spec_decode import SpecDecodeConfig
+from scheduler_svc.engine.step_loop import StepLoop
+
+SPEC = SpecDecodeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2)
+
+
+@pytest.fixture(scope="module")
+def runners(tmp_path_factory):
+    base = tmp_path_factory.mktemp("spec-models")
+    out = {}
+    for name in ("tiny-llama", "tiny-qwen3"):
+        path = build_random_model(base / name, name)
+        out[name] = build_runner(ExecutorConfig(
+            model=str(path), device="cpu", dtype="float32", max_num_seqs=8,
+            max_num_batched_tokens=64, num_kv_blocks=96, max_model_len=256, block_size=16))
+    return out
+
+
+def generate(runner, prompts, spec, *, depth=3, max_tokens=48, budget=64, temperature=0.0, **params):
+    """{req_id: token ids}, the scheduler (for its figures) and the plans' draft counts."""
+    runner.reset()
+    info = runner.info()
+    core = SchedulerCoreConfig(
+        num_blocks=info.num_blocks, block_size=info.block_size, max_num_seqs=info.max_num_seqs,
+        max_num_batched_tokens=budget, max_model_len=info.max_model_len,
+        eos_token_ids=tuple(info.eos_token_ids), speculative=spec)
+    scheduler = Scheduler(core)
+    for i, prompt in enumerate(prompts):
+        scheduler.add_request(Request(i, list(prompt), SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, ignore_eos=True, seed=i, **params)))
+    tokens = {i: [] for i in range(len(prompts))}
+    finish = {}
+
+    def on_outputs(outputs, errors):
+        assert not errors, errors
+        for o in outputs:
+            assert o.req_id not in finish, "output after the end"
+            tokens[o.req_id] += o.new_token_ids
+            assert o.num_output_tokens == len(tokens[o.req_id])
+            if o.finish_reason is not None:
+                finish[o.req_id] = o.finish_reason
+
+    loop = StepLoop(scheduler, InProcessTransport(runner), depth, on_outputs)
+    asyncio.run(loop.run_until_idle())
+    assert set(finish) == set(tokens)
+    assert scheduler.num_free_blocks == scheduler.num_total_blocks
+    return tokens, scheduler
+
+
+def prompts_for(vocab: int) -> list[list[int]]:
+    motif = [5, 17, 42, 9, 33, 21]
+    return [
+        motif * 5,  # repeats: the lookup finds it, and the model may well continue it
+        [(i * 7919) % vocab for i in range(40)],  # no repeats: nothing to propose at first
+        [3, 4, 5, 3, 4, 5, 3, 4] + [(i * 31) % vocab for i in range(10)] + [3, 4],
+        list(range(10, 30)) * 2,
+    ]
+
+
+@pytest.mark.parametrize("name,depth", [("tiny-llama", 1), ("tiny-llama", 3), ("tiny-qwen3", 3)])
+def test_greedy_is_token_exact_with_speculation(runners, name, depth):
+    runner = runners[name]
+    prompts = prompts_for(runner.info().vocab_size)
+    reference, _ = generate(runner, prompts, None, depth=depth)
+    spec_tokens, scheduler = generate(runner, prompts, SPEC, depth=depth)
+    stats = scheduler.spec.stats
+    assert spec_tokens == reference
+    assert stats.num_draft_tokens > 0
+    assert stats.num_accepted_tokens > 0, "no proposal was ever accepted"
+    assert stats.num_accepted_tokens < stats.num_draft_tokens, "no proposal was ever rejected"
+
+
+def test_budget_counts_drafts(runners):
+    """A step budget of a few tokens still gives token-exact outputs (drafts are cut to fit)."""
+    runner = runners["tiny-llama"]
+    prompts = prompts_for(runner.info().vocab_size)
+    reference, _ = generate(runner, prompts, None, budget=64)
+    spec_tokens, _ = generate(runner, prompts, SPEC, budget=6)
+    assert spec_tokens == reference
+
+
+def test_sampled_with_speculation_runs_and_is_replayable(runners):
+    runner = runners["tiny-llama"]
+    prompts = prompts_for(runner.info().vocab_size)
+    a, s = generate(runner, prompts, SPEC, temperature=0.8, top_k=20)
+    b, _ = generate(runner, prompts, SPEC, temperature=0.8, top_k=20)
+    assert a == b and all(len(t) == 48 for t in a.values())
+    assert s.spec.stats.num_draft_tokens > 0
+
+
+def test_both_services_with_speculation_match_transformers(tmp_path_factory, hf_greedy, model_dirs):
+    """The flag through real processes: greedy streams equal transformers', drafts counted."""
+    import concurrent.futures as cf
+    import urllib.request
+
+    from benchmarks.cluster import free_port, generate as generate_rpc
+    from tests.integration.conftest import start_cluster
+
+    text = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+    port = free_port()
+    cluster = start_cluster(tmp_path_factory, model_dirs["llama"], "spec",
+                            scheduler_args=["--speculative-config", text, "--metrics-port", str(port)])
+    try:
+        prompts = prompts_for(500)
+        with cf.ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(lambda p: generate_rpc(cluster.stub, prompt_ids=p, max_tokens=40,
+                                                       temperature=0.0)[0], prompts))
+        for p, ids in zip(prompts, got):
+            assert ids == hf_greedy("llama", p, 40)
+        assert cluster.wait_idle().free_blocks == cluster.status().total_blocks
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        drafted = [line for line in metrics.splitlines()
+                   if line.startswith("llmserve:spec_decode_num_draft_tokens_total")]
+        assert drafted and float(drafted[0].split()[-1]) > 0
+    finally:
+        cluster.stop()
