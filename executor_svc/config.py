@@ -53,6 +53,9 @@ class ExecutorConfig:
     # Serve without a token (any local process may drive the executor); refused otherwise.
     insecure_no_auth: bool = False
     enable_reflection: bool = False  # gRPC server reflection (off: it maps the internal API)
+    # ranks of one executor (parallel/): this process is rank 0 and starts ranks 1..N-1, one
+    # device each (cuda:rank); 1 = the single-device path
+    tensor_parallel_size: int = 1
 
     @property
     def use_cuda_graphs(self) -> bool:
@@ -84,6 +87,7 @@ class ExecutorConfig:
             max_logprobs=ns.max_logprobs, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
             internal_token=ns.internal_token,
             insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
+            tensor_parallel_size=ns.tensor_parallel_size,
         )
 
 
@@ -154,6 +158,13 @@ def _kv_cache_dtype(text) -> str:
     raise argparse.ArgumentTypeError(f"must be auto, fp8 or fp8_e4m3, got {text!r}")
 
 
+def _positive(text) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _env(flag: str, default):
     return os.environ.get(ENV_PREFIX + flag.upper().replace("-", "_"), default)
 
@@ -191,6 +202,8 @@ def _parser() -> argparse.ArgumentParser:
         "(per output channel); none = as the checkpoint is (FP8 checkpoints load as FP8 anyway)")
     add("kv-cache-dtype", _kv_cache_dtype, "auto", "KV-cache storage: auto = the model dtype; fp8 (or "
         "fp8_e4m3) = float8 e4m3 with per-layer scales, twice the blocks in the same memory")
+    add("tensor-parallel-size", _positive, 1, "ranks (devices) the model is split over: attention "
+        "heads, MLP rows and vocabulary; 1 = one device")
     add("internal-token", str, os.environ.get(SHARED_TOKEN_ENV, ""),
         f"secret the scheduler must send (prefer the env var {ENV_PREFIX}INTERNAL_TOKEN or "
         f"{SHARED_TOKEN_ENV}: flags show in ps)")

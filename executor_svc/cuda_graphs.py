@@ -92,7 +92,8 @@ class GraphRunner:
     def _output_buffer(self) -> torch.Tensor:
         weight = self.model.lm_head.weight
         rows = max(shape.num_reqs for shape in self.shapes)
-        return torch.empty(rows, weight.shape[0], dtype=weight.dtype, device=weight.device)
+        # the whole vocabulary: with tensor parallelism the weight holds this rank's rows only
+        return torch.empty(rows, self.model.args.vocab_size, dtype=weight.dtype, device=weight.device)
 
     def _metadata(self, shape: GraphShape) -> AttentionMetadata:
         # seq_lens and query lengths are read on the device, so one graph serves every length

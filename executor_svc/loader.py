@@ -14,6 +14,8 @@ from safetensors import safe_open
 from executor_svc import model_checks
 from executor_svc.model_checks import ModelError
 from executor_svc.models.llama import LlamaForCausalLM, ModelArgs
+from executor_svc.parallel import shard
+from executor_svc.parallel.state import SINGLE, TensorParallel
 from executor_svc.quantization import fp8, schemes
 
 log = logging.getLogger(__name__)
@@ -44,16 +46,19 @@ def load_hf_config(path: str | Path):
 
 
 def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype,
-               hf_config=None, quantization: str = "") -> LlamaForCausalLM:
+               hf_config=None, quantization: str = "", tp: TensorParallel = SINGLE) -> LlamaForCausalLM:
     """Builds the model for the folder's config.json (or hf_config, already loaded) and loads
     its safetensors weights. quantization: --quantization ("" or "fp8"); an FP8 checkpoint is
-    FP8 either way."""
+    FP8 either way. tp: this rank's share only (parallel/shard.py)."""
     path = Path(path)
     cfg = hf_config if hf_config is not None else load_hf_config(path)
     args = ModelArgs.from_hf_config(cfg)
     scheme = schemes.weight_scheme(cfg, quantization)
+    if scheme is not None and tp.size > 1:
+        raise ModelError(f"FP8 weights with --tensor-parallel-size {tp.size} are not implemented yet "
+                         f"(serve FP8 with --tensor-parallel-size 1)")
     with torch.device("meta"):
-        model = LlamaForCausalLM(args).to(dtype)
+        model = LlamaForCausalLM(args, tp).to(dtype)
         if scheme is not None:  # after .to(dtype), which would cast the fp8 weights
             fp8.replace_linears(model, scheme, dtype, _fused_bounds(args))
     model = model.to_empty(device=device)
@@ -62,7 +67,7 @@ def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype,
     model.cos_sin_cache = model.cos_sin_cache.to(device=device, dtype=torch.float32)
     model.eval().requires_grad_(False)
     with torch.no_grad():
-        load_weights(model, path, scheme)
+        load_weights(model, path, scheme, tp)
     return model
 
 
@@ -92,12 +97,14 @@ def _fused_bounds(args: ModelArgs) -> dict[str, list[int]]:
     return {"qkv_proj": [0, q, q + kv, q + 2 * kv], "gate_up_proj": [0, inter, 2 * inter]}
 
 
-def load_weights(model: LlamaForCausalLM, path: Path, scheme: schemes.Fp8Scheme | None = None) -> None:
-    """Copies every checkpoint tensor into its (possibly fused) parameter; checks nothing is missing.
-    With an FP8 scheme, the projections' weights and scales go through Fp8Linear.load."""
+def load_weights(model: LlamaForCausalLM, path: Path, scheme: schemes.Fp8Scheme | None = None,
+                 tp: TensorParallel = SINGLE) -> None:
+    """Copies every checkpoint tensor (tp: this rank's slice of it) into its (possibly fused)
+    parameter; checks nothing is missing. With an FP8 scheme, the projections' weights and
+    scales go through Fp8Linear.load."""
     args = model.args
     params, modules = dict(model.named_parameters()), dict(model.named_modules())
-    offsets = _fused_bounds(args)
+    offsets = _fused_bounds(args) if tp.size == 1 else shard.fused_bounds(args, tp)
     loaded: set[str] = set()
     for file in _safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
@@ -120,7 +127,7 @@ def load_weights(model: LlamaForCausalLM, path: Path, scheme: schemes.Fp8Scheme 
                 if name not in params:
                     raise ModelError(f"unexpected weight {ckpt_name!r} in {file.name}")
                 param = params[name] if rows is None else params[name][rows[0]:rows[1]]
-                tensor = f.get_tensor(ckpt_name)
+                tensor = shard.shard_tensor(name, part, f.get_tensor(ckpt_name), args, tp)
                 if tensor.shape != param.shape:
                     raise ModelError(f"{ckpt_name}: shape {tuple(tensor.shape)} != {tuple(param.shape)}")
                 if tensor.dtype.itemsize == 1 and tensor.is_floating_point():

@@ -45,12 +45,23 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-step")
     waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-wait")
     t0 = time.perf_counter()
+    build = build_runner
+    if config.tensor_parallel_size > 1:  # this process is rank 0 and starts the others
+        from executor_svc.parallel.launch import build_parallel_runner as build
     try:
-        runner = await loop.run_in_executor(worker, build_runner, config)  # the loop stays responsive
+        runner = await loop.run_in_executor(worker, build, config)  # the loop stays responsive
     except ModelError as e:  # the user's to fix: one line, no traceback
         worker.shutdown(wait=False)
         waiter.shutdown(wait=False)
         _refuse(str(e))
+    failure: list[str] = []  # tensor parallelism: why another rank ended the service
+
+    def on_failure(reason: str) -> None:  # from the ranks' watchdog thread
+        failure.append(reason)
+        loop.call_soon_threadsafe(stop.set)
+
+    if hasattr(runner, "watch"):
+        runner.watch(on_failure)
     info = runner.info()
     log.info("ready in %.1f s: model %s, %d KV blocks of %d tokens, graphs %s",
              time.perf_counter() - t0, info.model_name, info.num_blocks, info.block_size,
@@ -73,9 +84,15 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     await stop.wait()
     log.info("stopping")
     await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace=5.0)
+    await server.stop(grace=0 if failure else 5.0)
+    if failure:  # a step may wait on the dead rank: leave it (launch.py exits this process)
+        worker.shutdown(wait=False, cancel_futures=True)
+        waiter.shutdown(wait=False)
+        _refuse(failure[0])
     worker.shutdown(wait=True)
     waiter.shutdown(wait=True)
+    if hasattr(runner, "close"):  # the other ranks of a tensor-parallel executor
+        runner.close()
 
 
 INTERNAL_TOKEN_HINT = ("the executor serves only its scheduler, which sends the internal token: "

@@ -21,6 +21,7 @@ from executor_svc.cuda_graphs import GraphRunner
 from executor_svc.input_batch import InputBatch
 from executor_svc.model_runner import ModelRunner
 from executor_svc.models.llama import LlamaForCausalLM
+from executor_svc.parallel.state import SINGLE, TensorParallel
 from executor_svc.quantization import fp8
 from executor_svc.sampler_graphs import SamplerGraphs
 from executor_svc.sampling_rows import SamplingRows
@@ -35,15 +36,17 @@ MAX_LOGIT_BIAS = 300  # logit_bias entries per request (OpenAI's limit)
 MAX_MIN_TOKENS_STOP_IDS = 288
 
 
-def build_runner(config: ExecutorConfig) -> ModelRunner:
-    """Loads, sizes, allocates and captures what config asks for; returns the runner over it."""
+def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRunner:
+    """Loads, sizes, allocates and captures what config asks for; returns the runner over it.
+    tp (size > 1): this rank's shard; the KV blocks are the fewest any rank fits, and the
+    runner a TensorParallelRunner (parallel/runner.py)."""
     device, dtype = torch.device(config.device), getattr(torch, config.dtype)
     source = model_source.resolve(config.model, model_source.cache_dir(config.cache_dir), dtype)
     model_path = source.folder
     t0 = time.perf_counter()
     hf_config = loader.load_hf_config(model_path)  # ModelError: not a model folder, or not implemented
     max_model_len = model_checks.served_max_model_len(hf_config, config.max_model_len)  # before the weights
-    model = loader.load_model(model_path, device, dtype, hf_config, config.quantization)
+    model = loader.load_model(model_path, device, dtype, hf_config, config.quantization, tp)
     # before any warm-up or capture: a skinny kernel tunes itself (and syncs) at its first call;
     # off for FP8 projections (the skinny kernels read dense weights)
     model.skinny_max_tokens = config.skinny_max_tokens if device.type == "cuda" and not fp8.is_fp8(model) else 0
@@ -58,9 +61,9 @@ def build_runner(config: ExecutorConfig) -> ModelRunner:
                             MAX_MIN_TOKENS_STOP_IDS, device)
     batch = InputBatch(config.max_num_seqs, max_blocks_per_seq, device, sampling)
     buffers = StepBuffers(config.max_num_seqs, config.max_num_batched_tokens, max_blocks_per_seq, device)
-    num_blocks = measure_num_blocks(config, model, limits)
+    num_blocks = tp.min_over_ranks(measure_num_blocks(config, model, limits))
     cache_dtype = kv_cache.cache_dtype(config.kv_cache_dtype, dtype)
-    kv_caches = kv_cache.allocate_kv_caches(args, num_blocks, config.block_size, cache_dtype, device)
+    kv_caches = kv_cache.allocate_kv_caches(model.cache_args, num_blocks, config.block_size, cache_dtype, device)
     log.info("KV cache: %d blocks of %d tokens, %s", num_blocks, config.block_size, cache_dtype)
     graphs = sampler_graphs = None
     if config.use_cuda_graphs:
@@ -76,7 +79,11 @@ def build_runner(config: ExecutorConfig) -> ModelRunner:
         max_num_batched_tokens=config.max_num_batched_tokens, device=device.type, dtype=config.dtype,
         max_logprobs=max_logprobs, max_logit_bias=MAX_LOGIT_BIAS,
         max_min_tokens_stop_ids=MAX_MIN_TOKENS_STOP_IDS)
-    return ModelRunner(model, kv_caches, batch, buffers, limits, info, graphs, sampler_graphs)
+    if tp.size == 1:
+        return ModelRunner(model, kv_caches, batch, buffers, limits, info, graphs, sampler_graphs)
+    from executor_svc.parallel.runner import TensorParallelRunner
+
+    return TensorParallelRunner(model, kv_caches, batch, buffers, limits, info, graphs, sampler_graphs).attach(tp)
 
 
 def measure_num_blocks(config: ExecutorConfig, model: LlamaForCausalLM, limits: StepLimits) -> int:
@@ -92,7 +99,7 @@ def measure_num_blocks(config: ExecutorConfig, model: LlamaForCausalLM, limits: 
     else:
         budget = kv_cache.cuda_kv_budget(device, config.gpu_memory_utilization,
                                          profile_run(model, limits, device, cache_dtype))
-    num_blocks = kv_cache.num_blocks_from_budget(budget, model.args, limits.block_size, cache_dtype)
+    num_blocks = kv_cache.num_blocks_from_budget(budget, model.cache_args, limits.block_size, cache_dtype)
     if num_blocks < 2:
         raise RuntimeError(f"no memory left for the KV cache (budget {budget} bytes)")
     return num_blocks
@@ -108,7 +115,7 @@ def profile_run(model: LlamaForCausalLM, limits: StepLimits, device: torch.devic
     seq = min(PROFILE_SEQ_LEN, limits.max_model_len)
     lens = [seq] * (t // seq) + ([t % seq] if t % seq else [])
     blocks_per_seq = -(-seq // block_size)
-    caches = kv_cache.allocate_kv_caches(model.args, 1 + blocks_per_seq, block_size, dtype, device)
+    caches = kv_cache.allocate_kv_caches(model.cache_args, 1 + blocks_per_seq, block_size, dtype, device)
     buf = StepBuffers(len(lens), t, blocks_per_seq, device)  # input ids 0, use_last False
     pos = np.concatenate([np.arange(n) for n in lens])
     buf.positions.np[:t] = pos

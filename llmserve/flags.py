@@ -31,7 +31,8 @@ EXECUTOR_FLAGS = [("--model", "--model"), ("--served-model-name", "--model-name"
                   ("--max-num-batched-tokens", "--max-num-batched-tokens"),
                   ("--gpu-memory-utilization", "--gpu-memory-utilization"),
                   ("--enforce-eager", "--enforce-eager"), ("--dtype", "--dtype"),
-                  ("--block-size", "--block-size"), ("--kv-cache-dtype", "--kv-cache-dtype")]
+                  ("--block-size", "--block-size"), ("--kv-cache-dtype", "--kv-cache-dtype"),
+                  ("--tensor-parallel-size", "--tensor-parallel-size")]
 SCHEDULER_FLAGS = [("--ssl-keyfile", "--ssl-keyfile"), ("--ssl-certfile", "--ssl-certfile"),
                    ("--ssl-ca-certs", "--ssl-ca-certs"), ("--enable-prefix-caching", "--enable-prefix-caching")]
 
@@ -71,6 +72,8 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     add(m, "--kv-cache-dtype", "auto", "KV-cache storage: auto = the model dtype; fp8 (= fp8_e4m3) = "
         "float8 e4m3 with per-layer scales, twice the tokens in the same memory",
         choices=("auto", "fp8", "fp8_e4m3"))
+    add(m, "--tensor-parallel-size", 1, "devices the model is split over (the executor starts one "
+        "rank per device)", type=int)
     add(m, "--executor-port", 50061, "executor port (it listens on 127.0.0.1 only)", type=int)
     add(m, "--executor-args", "", "more executor flags, e.g. '--device cpu --cpu-kv-cache-gib 2' "
         "(llmserve-executor --help)")

@@ -3,6 +3,10 @@ with per-layer sliding-window attention (Mistral, Qwen2/Qwen3 layer_types) and r
 
 Called as model(input_ids [T], positions [T], attn, kv_caches) -> hidden [T, H]; then
 model.compute_logits(hidden [N, H]) -> [N, V] float32. All inputs are explicit arguments.
+
+Tensor parallelism (tp, parallel/state.py): each rank builds its share of every layer (query
+and KV heads, MLP rows, vocabulary rows), all-reduces after o_proj and down_proj and gathers
+the logits; with TensorParallel() (size 1) nothing of it runs.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from torch import nn
 from executor_svc import layers, model_checks
 from executor_svc.attention import AttentionMetadata
 from executor_svc.layers import RMSNorm
+from executor_svc.parallel.layers import VocabParallelEmbedding, gather_logits
+from executor_svc.parallel.state import SINGLE, TensorParallel
 
 
 class KVCache(NamedTuple):
@@ -77,8 +83,11 @@ class ModelArgs:
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs, sliding_window: int = 0):
+    """args: this rank's shape (TensorParallel.rank_args): its query and KV heads."""
+
+    def __init__(self, args: ModelArgs, sliding_window: int = 0, tp: TensorParallel = SINGLE):
         super().__init__()
+        self.tp = tp
         self.sliding_window = sliding_window or None  # keys q - W < k <= q; None = full
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         self.q_size = args.num_heads * args.head_dim
@@ -91,7 +100,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_cache: KVCache, cos_sin_cache: torch.Tensor) -> torch.Tensor:
-        return self.o_proj(self.attend(self.qkv_proj(x), positions, attn, kv_cache, cos_sin_cache))
+        return self.tp.all_reduce(self.o_proj(self.attend(self.qkv_proj(x), positions, attn, kv_cache,
+                                                          cos_sin_cache)))
 
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                kv_cache: KVCache, cos_sin_cache: torch.Tensor) -> torch.Tensor:
@@ -119,22 +129,24 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, tp: TensorParallel = SINGLE):
         super().__init__()
+        self.tp = tp
         self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(layers.silu_and_mul(self.gate_up_proj(x)))
+        return self.tp.all_reduce(self.down_proj(layers.silu_and_mul(self.gate_up_proj(x))))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, sliding_window: int = 0):
+    def __init__(self, args: ModelArgs, sliding_window: int = 0, tp: TensorParallel = SINGLE):
         super().__init__()
+        self.tp = tp
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args, sliding_window)
+        self.self_attn = Attention(args, sliding_window, tp)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args)
+        self.mlp = MLP(args, tp)
 
     def forward(self, x, residual, positions, attn, kv_cache, cos_sin_cache, skinny: bool = False):
         """x: this layer's input delta [T, H]; residual: the running sum (None at layer 0).
@@ -157,10 +169,10 @@ class DecoderLayer(nn.Module):
         qkv, residual = layers.rms_norm_linear(x, residual, norm1.weight, norm1.eps,
                                                attn_mod.qkv_proj.weight, attn_mod.qkv_proj.bias)
         o = attn_mod.attend(qkv, positions, attn, kv_cache, cos_sin_cache)
-        h = layers.skinny_linear(o, attn_mod.o_proj.weight, attn_mod.o_proj.bias)
+        h = self.tp.all_reduce(layers.skinny_linear(o, attn_mod.o_proj.weight, attn_mod.o_proj.bias))
         gate_up, residual = layers.rms_norm_linear(h, residual, norm2.weight, norm2.eps,
                                                    mlp.gate_up_proj.weight, mlp.gate_up_proj.bias)
-        return layers.silu_mul_linear(gate_up, mlp.down_proj.weight), residual
+        return self.tp.all_reduce(layers.silu_mul_linear(gate_up, mlp.down_proj.weight)), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -168,18 +180,25 @@ class LlamaForCausalLM(nn.Module):
 
     skinny_max_tokens: steps of 1..skinny_max_tokens tokens on CUDA (and compute_logits of as
     many rows) run the fused skinny-GEMM decode path; 0 (the default) = off. Start-up sets it
-    (at most kernels.SKINNY_MAX_M) before warm-up and graph capture."""
+    (at most kernels.SKINNY_MAX_M) before warm-up and graph capture.
+
+    args: the whole model's shape; cache_args: this rank's (its KV heads: what the KV cache
+    holds), args itself without tensor parallelism."""
 
     skinny_max_tokens: int = 0
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, tp: TensorParallel = SINGLE):
         super().__init__()
-        self.args = args
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.args, self.tp = args, tp
+        self.cache_args = rank_args = tp.rank_args(args)
+        if tp.size > 1:
+            self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, tp)
+        else:
+            self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         windows = args.layer_windows or (0,) * args.num_layers
-        self.layers = nn.ModuleList(DecoderLayer(args, windows[i]) for i in range(args.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(rank_args, windows[i], tp) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.lm_head = nn.Linear(args.hidden_size, self.embed_tokens.num_embeddings, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         cache = layers.rope_cos_sin_cache(args.head_dim, args.rope_max_positions or args.max_position_embeddings,
@@ -200,6 +219,11 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [N, H] -> logits [N, V] float32; with `out` ([N, V], model dtype), writes the
         unconverted logits there instead (CUDA graphs share one output buffer that way)."""
+        if self.tp.size > 1:  # this rank's vocabulary rows, then one all-gather
+            weight = self.lm_head.weight
+            local = (layers.skinny_linear(hidden, weight) if layers.use_skinny(hidden, self.skinny_max_tokens)
+                     else torch.matmul(hidden, weight.t()))
+            return gather_logits(local, self.tp, self.args.vocab_size, out)
         if layers.use_skinny(hidden, self.skinny_max_tokens):
             logits = layers.skinny_linear(hidden, self.lm_head.weight, out=out)
             return logits if out is not None else logits.float()

@@ -1,0 +1,110 @@
+"""TensorParallelRunner: the ModelRunner of one rank. Rank 0 is the one the servicer drives:
+before each launch / reset it sends the plan to the other ranks (PlanChannel), which run the
+same launch on their shard (serve_plans), so every collective of the forward is met on every
+rank in the same order. Sampling runs once, on rank 0; its ids (the rows' last tokens, the
+next step's decode inputs) are broadcast on the device group, with no host sync."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from executor_svc.model_runner import ModelRunner, StepHandle
+from executor_svc.parallel.channel import LAUNCH, RESET, STOP, USE_GRAPHS, PlanChannel
+from executor_svc.parallel.state import TensorParallel
+from executor_svc.plan_checks import PlanError
+from protos.llmserve.executor.v1 import executor_pb2 as pb
+from step_protocol import codec
+from step_protocol.domain import StepPlan
+
+log = logging.getLogger(__name__)
+# verify steps sample on every rank and roll back at finish(), which ranks 1.. never call
+SPEC_REFUSED = "speculative decoding (draft tokens) with tensor parallelism is not implemented yet"
+
+
+class TensorParallelRunner(ModelRunner):
+    """A ModelRunner over this rank's shard (tp, channel set by attach())."""
+
+    tp: TensorParallel
+    channel: PlanChannel
+    workers = None  # rank 0: the other ranks' processes (launch.Workers), or None (tests)
+
+    def attach(self, tp: TensorParallel, workers=None) -> TensorParallelRunner:
+        self.tp, self.channel, self.workers = tp, PlanChannel(tp), workers
+        self._lock = threading.Lock()  # rank 0: a command and its step's collectives go together
+        self._closed = False
+        return self
+
+    def launch(self, plan: StepPlan, arrived: float | None = None) -> StepHandle:
+        if self.tp.rank != 0:
+            return super().launch(plan, arrived)
+        if getattr(plan, "draft_token_ids", None):  # refused before any rank sees it
+            raise PlanError(SPEC_REFUSED)
+        with self._lock:
+            self.channel.send(LAUNCH, codec.plan_to_pb(plan).SerializeToString())
+            return super().launch(plan, arrived)
+
+    def reset(self) -> None:
+        if self.tp.rank != 0:
+            return super().reset()
+        with self._lock:
+            self.channel.send(RESET)
+            super().reset()
+
+    def use_graphs(self, enabled: bool) -> None:
+        if self.tp.rank == 0:
+            with self._lock:
+                self.channel.send(USE_GRAPHS, arg=int(enabled))
+        super().use_graphs(enabled)
+
+    def _sample(self, step, *args, **kwargs):
+        """Rank 0 samples; every rank then holds rank 0's ids as the rows' last tokens."""
+        pending = super()._sample(step, *args, **kwargs) if self.tp.rank == 0 else None
+        self.tp.broadcast(self.batch.last_sampled_gpu)
+        return pending
+
+    def watch(self, on_failure) -> None:
+        """on_failure(reason) once, from a watchdog thread, when another rank dies."""
+        if self.workers is not None:
+            self.workers.watch(on_failure)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Rank 0: stops the other ranks (STOP, then waits for their exit; kills what is left)."""
+        if self.tp.rank != 0 or self._closed:
+            return
+        self._closed = True
+        if self.workers is not None:
+            self.workers.expect_exit()
+        alive = self.workers is None or self.workers.all_alive()
+        if alive and self._lock.acquire(timeout=timeout):
+            try:
+                self.channel.send(STOP)
+            except RuntimeError as e:  # a rank went away meanwhile
+                log.warning("could not stop the other ranks cleanly: %s", e)
+            finally:
+                self._lock.release()
+        if self.workers is not None:
+            self.workers.stop(timeout)
+
+
+def serve_plans(runner: TensorParallelRunner) -> None:
+    """Ranks 1..: runs what rank 0 sends until STOP. A plan rank 0 refuses (PlanError) is
+    refused here too, before any collective; any other error ends the rank (its collectives
+    may no longer match rank 0's), which ends the service (launch.Workers)."""
+    while True:
+        op, payload, arg = runner.channel.receive()
+        if op == STOP:
+            runner.reset()
+            return
+        try:
+            if op == LAUNCH:
+                runner.launch(codec.plan_from_pb(pb.StepPlan.FromString(payload)))
+            elif op == RESET:
+                runner.reset()
+            elif op == USE_GRAPHS:
+                runner.use_graphs(bool(arg))
+        except PlanError:
+            pass
+        except Exception:  # its collectives may be out of step with rank 0's now: give up
+            log.exception("rank %d: command %d failed; exiting", runner.tp.rank, op)
+            raise

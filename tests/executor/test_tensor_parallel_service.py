@@ -1,0 +1,118 @@
+"""The executor service with --tensor-parallel-size 2 (gloo, CPU) as a real process: the
+handshake reports the blocks of one rank's share, a plan stream answers as one rank does,
+SIGTERM stops every rank, and the death of a rank ends the service (UNAVAILABLE, exit 1)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos.llmserve.executor.v1 import executor_pb2 as pb
+from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
+from step_protocol import codec
+from tests.executor.conftest import make_runner
+from tests.executor.test_server import decode, new_plan
+from tests.executor.tp_helpers import free_port
+
+FLAGS = ["--device", "cpu", "--insecure-no-auth", "--cpu-kv-cache-gib", "0.001", "--max-num-seqs", "4",
+         "--max-num-batched-tokens", "64", "--max-model-len", "256", "--tensor-parallel-size", "2"]
+
+
+def _start(path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "executor_svc", "--model", str(path), "--port", str(port), *FLAGS],
+                            stderr=subprocess.PIPE, text=True)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    health = health_pb2_grpc.HealthStub(channel)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
+                return proc, channel
+        except grpc.RpcError:
+            time.sleep(0.3)
+    proc.kill()
+    raise AssertionError("the executor did not start")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.fixture
+def service(model_dirs):
+    proc, channel = _start(model_dirs["tiny-llama"])
+    workers = _children(proc.pid)
+    yield proc, channel, workers
+    channel.close()
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_handshake_stream_and_clean_shutdown(service, model_dirs):
+    proc, channel, workers = service
+    assert len(workers) == 1
+    stub = pb_grpc.ExecutorStub(channel)
+    info = stub.Handshake(pb.HandshakeRequest(), timeout=5)
+    single = make_runner(model_dirs["tiny-llama"], num_kv_blocks=0, cpu_kv_cache_gib=0.001)
+    assert info.num_blocks == 2 * single.info().num_blocks  # each rank holds 1 of the 2 KV heads
+    plans = [new_plan(1, req_id=1, block=1), new_plan(2, req_id=2, block=2)] + [decode(3 + i, 1, 2) for i in range(6)]
+    got = [codec.result_from_pb(r) for r in stub.Execute(iter(plans), timeout=30)]
+    want = [single.execute(codec.plan_from_pb(p)) for p in plans]
+    assert [(g.req_ids, g.token_ids, g.error) for g in got] == [(w.req_ids, w.token_ids, w.error) for w in want]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert all(_gone(w) for w in workers)
+
+
+def test_the_death_of_a_rank_ends_the_service(service):
+    """An open plan stream ends UNAVAILABLE, every rank exits and so does the service (1)."""
+    proc, channel, workers = service
+    stub = pb_grpc.ExecutorStub(channel)
+    plans: queue.Queue = queue.Queue()
+    plans.put(new_plan(1))
+    stream = stub.Execute(iter(plans.get, None), timeout=60)
+    assert next(stream).step_id == 1
+    os.kill(workers[0], signal.SIGKILL)
+    plans.put(decode(2, 1))
+    with pytest.raises(grpc.RpcError) as e:
+        list(stream)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+    plans.put(None)
+    assert proc.wait(30) == 1
+    assert "tensor-parallel rank 1 exited with status -9" in proc.stderr.read()
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Handshake(pb.HandshakeRequest(), timeout=5)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_other_ranks_exit_with_rank_0(service):
+    proc, _, workers = service
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while not all(_gone(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(w) for w in workers)
