@@ -34,7 +34,8 @@ EXECUTOR_FLAGS = [("--model", "--model"), ("--served-model-name", "--model-name"
                   ("--block-size", "--block-size"), ("--kv-cache-dtype", "--kv-cache-dtype"),
                   ("--tensor-parallel-size", "--tensor-parallel-size")]
 SCHEDULER_FLAGS = [("--ssl-keyfile", "--ssl-keyfile"), ("--ssl-certfile", "--ssl-certfile"),
-                   ("--ssl-ca-certs", "--ssl-ca-certs"), ("--enable-prefix-caching", "--enable-prefix-caching")]
+                   ("--ssl-ca-certs", "--ssl-ca-certs"), ("--enable-prefix-caching", "--enable-prefix-caching"),
+                   ("--speculative-config", "--speculative-config")]
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -90,6 +91,8 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     add(a, "--ssl-ca-certs", "", "PEM CA bundle: require client certificates it signed (mutual TLS)")
     add(a, "--enable-prefix-caching", True, "reuse the KV blocks of prompt prefixes already computed",
         action=argparse.BooleanOptionalAction)
+    add(a, "--speculative-config", "", "speculative decoding, vLLM's JSON, e.g. '{\"method\": \"ngram\", "
+        "\"num_speculative_tokens\": 4}' (n-gram prompt lookup); '' = off")
     add(a, "--scheduler-args", "", "more scheduler flags, e.g. '--max-waiting 512' (llmserve-scheduler --help)")
     return p
 

@@ -167,3 +167,11 @@ def test_kv_cache_dtype_goes_to_the_executor_and_bad_values_are_refused():
     assert ExecutorConfig.from_args(executor[3:] + ["--device", "cpu"]).kv_cache_dtype == "fp8"
     with pytest.raises(SystemExit):
         parse_args(["--kv-cache-dtype", "fp8_e5m2"])
+
+
+def test_speculative_config_goes_to_the_scheduler_as_one_argument():
+    spec = '{"method": "ngram", "num_speculative_tokens": 4}'
+    executor, scheduler = commands(parse_args(["--speculative-config", spec]), http_api=False)
+    i = scheduler.index("--speculative-config")
+    assert scheduler[i + 1] == spec and "--speculative-config" not in executor
+    assert "--speculative-config" not in commands(parse_args([]), http_api=False)[1]
