@@ -130,6 +130,9 @@ def gumbel_case(n: int, vocab: int, seed: int = 0):
 
 
 ON_CUDA = torch.cuda.is_available()
+# the Triton tests' dtypes: the serving half types on CUDA; the interpreter (numpy) has no bf16
+DTYPES = [torch.bfloat16, torch.float16] if ON_CUDA else [torch.float16, torch.float32]
+POISON = float("nan")  # output buffers start as NaN: a row the kernel forgets shows
 # Triton tests run on CUDA; on CPU only under TRITON_INTERPRET=1 (the Triton interpreter).
 INTERPRET = not ON_CUDA and os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton")
 DEVICE = "cuda" if ON_CUDA else "cpu"

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import torch
-from tests.kernels.kernel_cases import dense_attention, gumbel_case, make_case, rel_err
 
 import kernels
 from kernels import reference as ref
+from tests.kernels.kernel_cases import dense_attention, gumbel_case, make_case, rel_err
 
 
 def _run_reference(case):

@@ -15,8 +15,10 @@ import torch
 from kernels import reference as ref
 from tests.kernels.kernel_cases import (
     DEVICE,
+    DTYPES,
     FP8,
     ON_CUDA,
+    POISON,
     TRITON_MARKS,
     dense_attention,
     fp8_case,
@@ -28,8 +30,6 @@ from tests.kernels.kernel_cases import (
 
 pytestmark = TRITON_MARKS
 
-DTYPES = [torch.bfloat16, torch.float16] if ON_CUDA else [torch.float16, torch.float32]
-POISON = float("nan")
 K_SCALE, V_SCALE = 0.02, 0.5  # randn K / 0.02 reaches ~250 of e4m3's 448; V is scaled too
 needs_gpu_fp8_writes = pytest.mark.skipif(not ON_CUDA, reason="the interpreter mis-rounds float32 -> e4m3")
 

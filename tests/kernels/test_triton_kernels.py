@@ -11,7 +11,9 @@ import torch
 from kernels import reference as ref
 from tests.kernels.kernel_cases import (
     DEVICE,
+    DTYPES,
     ON_CUDA,
+    POISON,
     TRITON_MARKS,
     dense_attention,
     make_case,
@@ -22,8 +24,6 @@ from tests.kernels.kernel_cases import (
 
 pytestmark = TRITON_MARKS
 
-DTYPES = [torch.bfloat16, torch.float16] if ON_CUDA else [torch.float16, torch.float32]
-POISON = float("nan")
 
 
 def _decode(case, num_splits=None, out=None):

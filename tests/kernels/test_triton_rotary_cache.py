@@ -7,12 +7,18 @@ import pytest
 import torch
 
 from kernels import reference as ref
-from tests.kernels.kernel_cases import DEVICE, ON_CUDA, TRITON_MARKS, rel_err, tolerance
+from tests.kernels.kernel_cases import (
+    DEVICE,
+    DTYPES,
+    ON_CUDA,
+    POISON,
+    TRITON_MARKS,
+    rel_err,
+    tolerance,
+)
 
 pytestmark = TRITON_MARKS
 
-DTYPES = [torch.bfloat16, torch.float16] if ON_CUDA else [torch.float16, torch.float32]
-POISON = float("nan")
 
 
 def _rotary_write_kv_case(num_tokens, num_heads, num_kv_heads, head_dim, dtype, qk_norm, seed,

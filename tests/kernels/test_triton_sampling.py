@@ -48,9 +48,8 @@ def _check_gumbel(out, logits, temperature, seeds, positions):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,vocab", GUMBEL_SHAPES)
 def test_gumbel_sample(dtype, n, vocab):
-    from tests.kernels.kernel_cases import gumbel_case
-
     from kernels.sampling import gumbel_sample_triton
+    from tests.kernels.kernel_cases import gumbel_case
 
     logits, temperature, seeds, positions = gumbel_case(n, vocab, seed=n + vocab)
     args = (logits.to(dtype).to(DEVICE), temperature.to(DEVICE), seeds.to(DEVICE), positions.to(DEVICE))
@@ -60,9 +59,8 @@ def test_gumbel_sample(dtype, n, vocab):
 
 
 def test_gumbel_sample_row_strided_view_and_empty():
-    from tests.kernels.kernel_cases import gumbel_case
-
     from kernels.sampling import gumbel_sample_triton
+    from tests.kernels.kernel_cases import gumbel_case
 
     logits, temperature, seeds, positions = gumbel_case(9, 5000, seed=11)
     wide = torch.full((9, 5100), 1e30).to(DEVICE)  # entries past V must never be read
@@ -88,9 +86,8 @@ def test_gumbel_sample_rejects_bad_arguments():
 
 @pytest.mark.skipif(not ON_CUDA, reason="CUDA graphs need CUDA")
 def test_gumbel_sample_cuda_graph_replay():
-    from tests.kernels.kernel_cases import gumbel_case
-
     import kernels
+    from tests.kernels.kernel_cases import gumbel_case
 
     n, vocab = 64, 128256
     logits, temperature, seeds, positions = (t.to(DEVICE) for t in gumbel_case(n, vocab, seed=1))
