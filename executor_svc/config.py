@@ -45,7 +45,8 @@ class ExecutorConfig:
     # output channel (vLLM's flag); "" = as the checkpoint is (an FP8 checkpoint is FP8 anyway)
     quantization: str = ""
     # KV-cache storage (vLLM's --kv-cache-dtype): "auto" = the model dtype; "fp8" = float8 e4m3
-    # with per-layer float32 scales (1.0), half the bytes per block of bf16: twice the blocks
+    # with per-layer float32 scales (the checkpoint's kv_cache_scheme ones, else 1.0), half the
+    # bytes per block of bf16: twice the blocks
     kv_cache_dtype: str = "auto"
     # The secret every executor RPC but grpc.health.v1 must carry ("authorization: Bearer
     # <token>"): only the scheduler that knows it may reset, plan or stream (docs/hardening.md).

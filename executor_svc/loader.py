@@ -1,6 +1,7 @@
 """Loads a Hugging Face model folder into our model: config via transformers (local files only,
 checked by model_checks), weights via safetensors; FP8 projections (quantization/) from FP8
-checkpoints or quantized at load."""
+checkpoints or quantized at load; a checkpoint's FP8 KV-cache scales (quantization/kv_scales.py)
+as `model.kv_scales`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from executor_svc.model_checks import ModelError
 from executor_svc.models.llama import LlamaForCausalLM, ModelArgs
 from executor_svc.parallel import shard
 from executor_svc.parallel.state import SINGLE, TensorParallel
-from executor_svc.quantization import fp8, schemes
+from executor_svc.quantization import fp8, kv_scales, schemes
 
 log = logging.getLogger(__name__)
 # checkpoint name piece -> (our fused parameter piece, index of the part in the fused tensor)
@@ -49,7 +50,8 @@ def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype,
                hf_config=None, quantization: str = "", tp: TensorParallel = SINGLE) -> LlamaForCausalLM:
     """Builds the model for the folder's config.json (or hf_config, already loaded) and loads
     its safetensors weights. quantization: --quantization ("" or "fp8"); an FP8 checkpoint is
-    FP8 either way. tp: this rank's share only (parallel/shard.py)."""
+    FP8 either way. tp: this rank's share only (parallel/shard.py). model.kv_scales: the
+    checkpoint's per-layer (k_scale, v_scale) floats, or None (kv_scales.py)."""
     path = Path(path)
     cfg = hf_config if hf_config is not None else load_hf_config(path)
     args = ModelArgs.from_hf_config(cfg)
@@ -66,8 +68,10 @@ def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype,
         model.lm_head.weight = model.embed_tokens.weight
     model.cos_sin_cache = model.cos_sin_cache.to(device=device, dtype=torch.float32)
     model.eval().requires_grad_(False)
+    reader = kv_scales.KvScaleReader(args.num_layers, schemes.kv_cache_scales_declared(cfg))
     with torch.no_grad():
-        load_weights(model, path, scheme, tp)
+        load_weights(model, path, scheme, tp, reader)
+    model.kv_scales = reader.scales()
     return model
 
 
@@ -98,17 +102,22 @@ def _fused_bounds(args: ModelArgs) -> dict[str, list[int]]:
 
 
 def load_weights(model: LlamaForCausalLM, path: Path, scheme: schemes.Fp8Scheme | None = None,
-                 tp: TensorParallel = SINGLE) -> None:
+                 tp: TensorParallel = SINGLE, kv_reader: kv_scales.KvScaleReader | None = None) -> None:
     """Copies every checkpoint tensor (tp: this rank's slice of it) into its (possibly fused)
     parameter; checks nothing is missing. With an FP8 scheme, the projections' weights and
-    scales go through Fp8Linear.load."""
+    scales go through Fp8Linear.load; KV-cache scales (one value per layer, the same on every
+    rank) go to kv_reader (None: refused, as without a kv_cache_scheme)."""
     args = model.args
     params, modules = dict(model.named_parameters()), dict(model.named_modules())
     offsets = _fused_bounds(args) if tp.size == 1 else shard.fused_bounds(args, tp)
     loaded: set[str] = set()
+    kv_reader = kv_reader or kv_scales.KvScaleReader(args.num_layers, declared=False)
     for file in _safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for ckpt_name in f.keys():
+                if kv_scales.kv_scale_target(ckpt_name) is not None:  # before _target: k_proj.output_scale
+                    kv_reader.add(ckpt_name, f.get_tensor(ckpt_name))
+                    continue
                 name, part = _target(ckpt_name)
                 if name == "lm_head.weight" and args.tie_word_embeddings:
                     continue

@@ -63,7 +63,9 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRu
     buffers = StepBuffers(config.max_num_seqs, config.max_num_batched_tokens, max_blocks_per_seq, device)
     num_blocks = tp.min_over_ranks(measure_num_blocks(config, model, limits))
     cache_dtype = kv_cache.cache_dtype(config.kv_cache_dtype, dtype)
-    kv_caches = kv_cache.allocate_kv_caches(model.cache_args, num_blocks, config.block_size, cache_dtype, device)
+    scales = kv_cache.checkpoint_scales(config.kv_cache_dtype, model.kv_scales, dtype)
+    kv_caches = kv_cache.allocate_kv_caches(model.cache_args, num_blocks, config.block_size, cache_dtype, device,
+                                            scales)
     log.info("KV cache: %d blocks of %d tokens, %s", num_blocks, config.block_size, cache_dtype)
     graphs = sampler_graphs = None
     if config.use_cuda_graphs:

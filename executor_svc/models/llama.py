@@ -183,9 +183,13 @@ class LlamaForCausalLM(nn.Module):
     (at most kernels.SKINNY_MAX_M) before warm-up and graph capture.
 
     args: the whole model's shape; cache_args: this rank's (its KV heads: what the KV cache
-    holds), args itself without tensor parallelism."""
+    holds), args itself without tensor parallelism.
+
+    kv_scales: the checkpoint's FP8 KV-cache scales, (k_scale, v_scale) per layer, or None (set
+    by the loader; start-up puts them in the KV caches with --kv-cache-dtype fp8)."""
 
     skinny_max_tokens: int = 0
+    kv_scales: list[tuple[float, float]] | None = None
 
     def __init__(self, args: ModelArgs, tp: TensorParallel = SINGLE):
         super().__init__()

@@ -14,6 +14,11 @@ Two checkpoint formats (tensor names per linear layer, `<layer>.weight` float8_e
   "tensor" | "channel", symmetric} -> `weight_scale` [1] or [N, 1]; weight = fp8 * scale.
   `ignore` (usually lm_head) stays unquantized. Static input activations add `input_scale`.
 
+FP8 KV-cache scales (`kv_cache_scheme`, kv_scales.py reads the tensors): compressed-tensors'
+{num_bits: 8, type: "float", strategy: "tensor", dynamic: false, symmetric: true} (what
+llm-compressor writes), or `kv_cache_scheme: "static"` in a `quant_method: "fp8"` config
+(AutoFP8); any other kv_cache_scheme is refused. `kv_cache_scales_declared` tells the loader.
+
 Static input scales are loaded and ignored: they quantize the *activations* to fp8 before the
 GEMM, a rounding (and clipping) step that only approximates the unquantized activations the
 checkpoint was calibrated against. Our activations stay in the compute dtype, so the product
@@ -80,6 +85,9 @@ def _native_fp8(raw: dict, num_layers: int) -> Fp8Scheme:
                f"{where}: modules_to_convert={raw.get('modules_to_convert')!r}: only linear layers are quantized here")
     for key in ("modules_to_not_convert", "ignored_layers"):
         _check_ignored(raw.get(key) or (), num_layers, f"{where}: {key}")
+    kv = raw.get("kv_cache_scheme")
+    _refuse_if(kv not in (None, "static"), f"{where}: kv_cache_scheme={kv!r} is not supported "
+               f"(supported: 'static', per-layer FP8 k/v scales)")
     block = raw.get("weight_block_size")
     static = activations == "static"
     if block is None:
@@ -95,14 +103,44 @@ def _compressed_tensors(raw: dict, num_layers: int) -> Fp8Scheme:
     where = "quantization_config (compressed-tensors)"
     fmt = raw.get("format")
     _refuse_if(fmt not in _CT_FORMATS, f"{where}: format={fmt!r} is not supported (supported: {', '.join(_CT_FORMATS)})")
-    for key in ("sparsity_config", "transform_config", "kv_cache_scheme"):
+    for key in ("sparsity_config", "transform_config"):
         _refuse_if(bool(raw.get(key)), f"{where}: {key} is not supported (only FP8 weights are)")
+    _check_ct_kv_cache_scheme(raw.get("kv_cache_scheme"), where)
     groups = raw.get("config_groups") or {}
     _refuse_if(not groups, f"{where}: no config_groups")
     schemes = {_ct_group(f"{where}: config_groups.{name}", group) for name, group in groups.items()}
     _refuse_if(len(schemes) > 1, f"{where}: config_groups with different weight schemes are not supported")
     _check_ignored(raw.get("ignore") or (), num_layers, f"{where}: ignore")
     return schemes.pop()
+
+
+def kv_cache_scales_declared(cfg) -> bool:
+    """Whether the (already checked) quantization_config declares static per-layer FP8 KV-cache
+    scales, i.e. whether the checkpoint may carry k/v scale tensors."""
+    raw = getattr(cfg, "quantization_config", None)
+    if raw is None:
+        return False
+    raw = raw if isinstance(raw, dict) else raw.to_dict()
+    return bool(raw.get("kv_cache_scheme"))
+
+
+def _check_ct_kv_cache_scheme(kv, where: str) -> None:
+    """compressed-tensors' kv_cache_scheme: absent, or static symmetric per-tensor 8-bit float."""
+    if not kv:
+        return
+    where = f"{where}: kv_cache_scheme"
+    _refuse_if(not isinstance(kv, dict), f"{where}={kv!r} is not supported")
+    kind, bits = kv.get("type"), kv.get("num_bits")
+    _refuse_if((kind, bits) != ("float", 8), f"{where} type={kind!r} num_bits={bits!r}: only 8-bit float "
+               f"(e4m3) KV caches are supported")
+    strategy = kv.get("strategy")
+    _refuse_if(strategy != "tensor", f"{where} strategy={strategy!r} is not supported (supported: 'tensor', "
+               f"one k and one v scale per layer)")
+    for key, expected in (("dynamic", False), ("symmetric", True)):
+        value = kv.get(key, expected)
+        _refuse_if(value != expected, f"{where} {key}={value!r} is not supported (static symmetric scales only)")
+    for key in ("group_size", "block_structure"):
+        _refuse_if(kv.get(key) is not None, f"{where} {key}={kv.get(key)!r} is not supported")
 
 
 def _ct_group(where: str, group: dict) -> Fp8Scheme:

@@ -1,5 +1,6 @@
 """Writes FP8 checkpoints of a random model folder, in each format the loader accepts, next to a
-plain float32 checkpoint of the same (dequantized) weights: the two must give the same logits.
+plain float32 checkpoint of the same (dequantized) weights: the two must give the same logits;
+add_kv_scales gives an FP8 folder per-layer KV-cache scales (kv_cache_scheme).
 
 The quantization here is written independently of executor_svc/quantization (tile loops, not
 the loader's broadcasting), so a scale applied wrongly by the loader shows as a mismatch.
@@ -99,6 +100,45 @@ def write_fp8_pair(src: Path, base: Path, fmt: str, weight_dtype: torch.dtype = 
     save_file(quantized, str(fp8_dir / "model.safetensors"))
     save_file(dense, str(ref_dir / "model.safetensors"))
     return fp8_dir, ref_dir
+
+
+KV_CACHE_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True,
+                   "group_size": None, "block_structure": None, "actorder": None, "observer": "minmax",
+                   "observer_kwargs": {}}  # as llm-compressor writes it
+# KV-scale tensor names per layer: llm-compressor's, and AutoFP8's (the k/v projections' output scales)
+KV_SCALE_NAMES = {"attn": ("self_attn.k_scale", "self_attn.v_scale"),
+                  "output": ("self_attn.k_proj.output_scale", "self_attn.v_proj.output_scale")}
+
+
+def shrink_kv(src: Path, dst: Path, factor: float = 256.0) -> Path:
+    """A copy of the model at src computing the same function (exactly: factor is a power of 2)
+    with K and V `factor` times smaller: k/v_proj divided by it, q_proj and o_proj multiplied
+    (scores q.k and o_proj(attention of v) unchanged). Not for q/k-normed models (qwen3)."""
+    tensors = load_file(str(src / "model.safetensors"))
+    for name, t in tensors.items():
+        if re.search(r"\.(k|v)_proj\.", name):
+            tensors[name] = t / factor
+        elif re.search(r"\.q_proj\.|\.o_proj\.weight$", name):
+            tensors[name] = t * factor
+    folder = _copy_folder(src, dst)
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def add_kv_scales(folder: Path, scales: list[tuple[float, float]], names: str = "attn", shape: tuple = (),
+                  scheme=KV_CACHE_SCHEME) -> None:
+    """Adds per-layer FP8 KV-cache scales (k, v) to an FP8 folder of write_fp8_pair, in place:
+    the tensors (float32, `shape` () or (1,)) and kv_cache_scheme in its quantization_config
+    (`scheme`; a quant_method "fp8" config gets AutoFP8's "static" instead)."""
+    tensors = load_file(str(folder / "model.safetensors"))
+    for layer, pair in enumerate(scales):
+        for name, value in zip(KV_SCALE_NAMES[names], pair):
+            tensors[f"model.layers.{layer}.{name}"] = torch.full(shape, value, dtype=torch.float32)
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    quant = config["quantization_config"]
+    quant["kv_cache_scheme"] = "static" if quant["quant_method"] == "fp8" else scheme
+    (folder / "config.json").write_text(json.dumps(config))
 
 
 def _copy_folder(src: Path, dst: Path, **config_fields) -> Path:
