@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in one command, for one call on the GPU machine:
-#   bash benchmarks/gpu_suite.sh [sections]      (sections: w4,full,peers,w5,smol,w7,w2ab,w6,w8; default all)
+#   bash benchmarks/gpu_suite.sh [sections]      (sections: w4,full,peers,w5,smol,w7,w2ab,w6,w8,spec; default all)
 # SKIP_TESTS=1 skips the CUDA tests; KERNEL_BENCH=1 also runs the kernel benchmarks (decode
 # attention sweep, FP8 GEMMs, the executor's launch profile) before the sections.
 # Missing wheels (grpcio-health-checking, grpcio-reflection, gguf) are installed from .whl/ if
@@ -27,4 +27,4 @@ if [ "${KERNEL_BENCH:-0}" = 1 ]; then
   python3 -m benchmarks.fp8_bench 2>&1 | tail -30
   python3 -m benchmarks.launch_profile --json "$OUT/launch.json" 2>&1 | grep "^b=" 
 fi
-python3 -m benchmarks.run_all --out "$OUT" --sections "${1:-w4,full,peers,w5,smol,w7,w2ab,w6,w8}" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60
+python3 -m benchmarks.run_all --out "$OUT" --sections "${1:-w4,full,peers,w5,smol,w7,w2ab,w6,w8,spec}" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60

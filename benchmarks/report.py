@@ -6,7 +6,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks import w8_fp8
+from benchmarks import spec_bench, w8_fp8
 
 
 def _load(out_dir: Path, name: str) -> dict:
@@ -83,6 +83,7 @@ def rows(out_dir: Path) -> list[tuple[str, str, str]]:
     r += _w2ab_rows(_load(out_dir, "w2ab"))
     r += _w6_rows(_load(out_dir, "w6"))
     r += w8_fp8.rows(_load(out_dir, "w8"), full)
+    r += spec_bench.rows(_load(out_dir, "spec"))
     return r
 
 

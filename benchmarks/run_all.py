@@ -24,7 +24,7 @@ from benchmarks.harness import (
     runner_for_folder,
 )
 
-SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w6", "w8")
+SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w6", "w8", "spec")
 OLD_TREE = Path(".old/base")  # a checkout of the commit to compare with (w2ab), if present
 
 def section_w4(out: dict) -> None:
@@ -145,6 +145,17 @@ def section_w8(out: dict, log_dir: Path) -> None:
     w8_fp8.run(out, log_dir / "w8")
 
 
+def section_spec(out: dict, log_dir: Path) -> None:
+    """Issue 15: n-gram speculation on the built-in SmolLM2 (bf16) asked to repeat a passage,
+    batch 1 and 64, with and without, through both services (benchmarks/spec_bench.py)."""
+    import torch
+
+    from benchmarks import real_model, spec_bench
+
+    folders = real_model.folders(MODELS / "smol-cache")
+    spec_bench.run(out, log_dir / "spec", folders[torch.bfloat16], "cuda")
+
+
 def section_w2ab(out: dict) -> None:
     """W2 in-process, this tree vs OLD_TREE alternating (features off), and this tree with
     logprobs top-5 and with penalties on every request (benchmarks/w2_features.py)."""
@@ -168,7 +179,7 @@ def run_section(name: str, out_dir: Path) -> None:
     # a SIGTERM (e.g. `timeout`) ends the section with what it measured so far written out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"section {name}: terminated"))
     try:
-        if name in ("full", "smol", "w7", "w6", "w8"):
+        if name in ("full", "smol", "w7", "w6", "w8", "spec"):
             globals()[f"section_{name}"](out, out_dir)
         else:
             globals()[f"section_{name}"](out)

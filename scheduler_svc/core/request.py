@@ -110,9 +110,11 @@ class Request:
         self.prompt_logprobs: Any = None
         self.prompt_logprobs_sent = params.prompt_logprobs is None
         # Speculative decoding (core/spec_decode.py): the drafts of its verify step in flight,
-        # and whether its sampling may speculate at all (None = not yet asked).
+        # whether its sampling may speculate at all (None = not yet asked), and the n-gram
+        # index of its tokens (NgramIndex, made at its first proposal).
         self.draft_token_ids: list[int] = []
         self.spec_eligible: bool | None = None
+        self.ngram_index: Any = None
 
     @property
     def wants_prompt_logprobs(self) -> bool:
