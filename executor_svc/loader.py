@@ -15,7 +15,7 @@ from safetensors import safe_open
 from executor_svc import model_checks
 from executor_svc.model_checks import ModelError
 from executor_svc.models.llama import LlamaForCausalLM, ModelArgs
-from executor_svc.parallel import shard
+from executor_svc.parallel import shard, shard_fp8
 from executor_svc.parallel.state import SINGLE, TensorParallel
 from executor_svc.quantization import fp8, kv_scales, schemes
 
@@ -56,13 +56,12 @@ def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype,
     cfg = hf_config if hf_config is not None else load_hf_config(path)
     args = ModelArgs.from_hf_config(cfg)
     scheme = schemes.weight_scheme(cfg, quantization)
-    if scheme is not None and tp.size > 1:
-        raise ModelError(f"FP8 weights with --tensor-parallel-size {tp.size} are not implemented yet "
-                         f"(serve FP8 with --tensor-parallel-size 1)")
+    if scheme is not None and scheme.strategy == "block":
+        shard_fp8.check_blocks(args, tp, scheme.block)
     with torch.device("meta"):
         model = LlamaForCausalLM(args, tp).to(dtype)
         if scheme is not None:  # after .to(dtype), which would cast the fp8 weights
-            fp8.replace_linears(model, scheme, dtype, _fused_bounds(args))
+            fp8.replace_linears(model, scheme, dtype, shard.fused_bounds(args, tp))
     model = model.to_empty(device=device)
     if args.tie_word_embeddings:  # to_empty() unties: tie again
         model.lm_head.weight = model.embed_tokens.weight
@@ -95,21 +94,15 @@ def _target(name: str) -> tuple[str, int | None]:
     return name, None
 
 
-def _fused_bounds(args: ModelArgs) -> dict[str, list[int]]:
-    """Row bounds of the parts of each fused weight: q|k|v in qkv_proj, gate|up in gate_up_proj."""
-    q, kv, inter = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim, args.intermediate_size
-    return {"qkv_proj": [0, q, q + kv, q + 2 * kv], "gate_up_proj": [0, inter, 2 * inter]}
-
-
 def load_weights(model: LlamaForCausalLM, path: Path, scheme: schemes.Fp8Scheme | None = None,
                  tp: TensorParallel = SINGLE, kv_reader: kv_scales.KvScaleReader | None = None) -> None:
     """Copies every checkpoint tensor (tp: this rank's slice of it) into its (possibly fused)
     parameter; checks nothing is missing. With an FP8 scheme, the projections' weights and
-    scales go through Fp8Linear.load; KV-cache scales (one value per layer, the same on every
+    scales (tp: the rank's slices, parallel/shard_fp8.py) go through Fp8Linear.load; KV-cache scales (one value per layer, the same on every
     rank) go to kv_reader (None: refused, as without a kv_cache_scheme)."""
     args = model.args
     params, modules = dict(model.named_parameters()), dict(model.named_modules())
-    offsets = _fused_bounds(args) if tp.size == 1 else shard.fused_bounds(args, tp)
+    offsets = shard.fused_bounds(args, tp)  # the rank's fused parts
     loaded: set[str] = set()
     kv_reader = kv_reader or kv_scales.KvScaleReader(args.num_layers, declared=False)
     for file in _safetensors_files(path):
@@ -129,8 +122,8 @@ def load_weights(model: LlamaForCausalLM, path: Path, scheme: schemes.Fp8Scheme 
                 rows = None if bounds is None else (bounds[part], bounds[part + 1])
                 suffix = "" if part is None else f"#{part}"
                 if isinstance(module, fp8.Fp8Linear) and leaf in ("weight", *fp8.SCALE_NAMES):
-                    filled = module.load(fp8.SCALE_NAMES.get(leaf, leaf), f.get_tensor(ckpt_name), rows,
-                                         not scheme.pre_quantized, ckpt_name)
+                    filled = shard_fp8.load(module, leaf, f.get_tensor(ckpt_name), rows, not scheme.pre_quantized,
+                                            name, part, args, tp, ckpt_name)
                     loaded.update(f"{owner}.{p}{suffix}" for p in filled)
                     continue
                 if name not in params:

@@ -142,8 +142,7 @@ class ModelRunner:
                 decode_size = shape.num_reqs if shape is not None and shape.decode else 0
                 handle.logprobs = self._sample(step, logits, sampled_host, decode_size)
             if spec is not None:  # verify steps run eagerly: the hidden states are there
-                verify(spec, self.model.compute_logits(hidden[spec.token_index]), self.batch.last_sampled_gpu)
-                handle.verify = spec
+                handle.verify = self._verify(spec, hidden)
             if step.prompt_logprobs is not None:
                 handle.prompt_logprobs = prompt_logprobs(self.model.compute_logits, hidden,
                                                          step.prompt_logprobs)
@@ -187,7 +186,7 @@ class ModelRunner:
         preempted rows, adds new requests and applies the block deltas of the cached ones
         (columns, used as they come). Returns the scheduled rows in plan order: new requests,
         then cached ones."""
-        self._rollbacks.apply(self.batch)  # of verify steps finished since the last launch
+        self._apply_rollbacks()  # of verify steps finished since the last launch
         checked = check_plan(plan, self.batch, self._info)
         batch, cached = self.batch, plan.cached_requests
         for req_id in (*plan.finished_req_ids, *plan.preempted_req_ids):
@@ -207,6 +206,15 @@ class ModelRunner:
         if drafts is not None:
             drafts = np.concatenate([np.zeros(len(new_rows), dtype=np.int64), drafts])
         return Scheduled(rows, counts, drafts)
+
+    def _apply_rollbacks(self) -> None:
+        self._rollbacks.apply(self.batch)
+
+    def _verify(self, spec: VerifyRows, hidden: torch.Tensor) -> VerifyRows | None:
+        """Scores the drafts and picks the verify rows' tokens (spec_verify.verify); returns what
+        finish() reads (None: nothing to answer or roll back)."""
+        verify(spec, self.model.compute_logits(hidden[spec.token_index]), self.batch.last_sampled_gpu)
+        return spec
 
     def _prepare(self, scheduled: Scheduled) -> PreparedStep:
         """Writes the step's inputs into the host buffers, advances the rows (step_inputs.py)."""

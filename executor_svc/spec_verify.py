@@ -147,14 +147,19 @@ class Rollbacks:
         with self._lock:
             self._pending.extend(zip(states, num_rejected))
 
-    def apply(self, batch: InputBatch) -> None:
+    def apply(self, batch: InputBatch) -> list[tuple[int, int]]:
+        """Gives the slots back; returns the (row, slots) applied (tensor parallelism: the
+        other ranks apply the same, parallel/runner.py)."""
         if not self._pending:
-            return
+            return []
         with self._lock:
             pending, self._pending = self._pending, []
+        applied = []
         for state, n in pending:
             if batch.states[state.row] is state:
                 batch.num_computed[state.row] -= n
+                applied.append((state.row, n))
+        return applied
 
     def clear(self) -> None:
         with self._lock:

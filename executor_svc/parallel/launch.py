@@ -45,22 +45,26 @@ def init_group(rank: int, size: int, port: int, device: str) -> TensorParallel:
 
 def check_splits(config: ExecutorConfig, folder) -> None:
     """ModelError (one line) before any rank starts, for what every rank would refuse: the
-    folder, --max-model-len, FP8, too few GPUs, a shape that does not split over the ranks."""
+    folder, --max-model-len, too few GPUs, a shape (or an FP8 checkpoint's blocks) that does not split
+    over the ranks."""
     from executor_svc import loader, model_checks
     from executor_svc.model_checks import ModelError
     from executor_svc.models.llama import ModelArgs
+    from executor_svc.parallel import shard_fp8
     from executor_svc.quantization import schemes
 
     size = config.tensor_parallel_size
     cfg = loader.load_hf_config(folder)
     model_checks.served_max_model_len(cfg, config.max_model_len)
-    if schemes.weight_scheme(cfg, config.quantization) is not None:
-        raise ModelError(f"FP8 weights with --tensor-parallel-size {size} are not implemented yet "
-                         f"(serve FP8 with --tensor-parallel-size 1)")
+    scheme = schemes.weight_scheme(cfg, config.quantization)
     if config.device.startswith("cuda") and torch.cuda.device_count() < size:
         raise ModelError(f"--tensor-parallel-size {size} needs {size} GPUs, {torch.cuda.device_count()} visible")
     try:
-        TensorParallel(0, size).rank_args(ModelArgs.from_hf_config(cfg))
+        args = ModelArgs.from_hf_config(cfg)
+        TensorParallel(0, size).rank_args(args)
+        if scheme is not None and scheme.strategy == "block":  # every rank's shard on block boundaries
+            for rank in range(size):
+                shard_fp8.check_blocks(args, TensorParallel(rank, size), scheme.block)
     except ParallelError as e:
         raise ModelError(str(e)) from None
 

@@ -2,24 +2,32 @@
 before each launch / reset it sends the plan to the other ranks (PlanChannel), which run the
 same launch on their shard (serve_plans), so every collective of the forward is met on every
 rank in the same order. Sampling runs once, on rank 0; its ids (the rows' last tokens, the
-next step's decode inputs) are broadcast on the device group, with no host sync."""
+next step's decode inputs) are broadcast on the device group, with no host sync.
+
+Speculative decoding: every rank computes a verify step's draft logits (an all-gather); rank 0
+alone decides (rejection sampling) and the rows' last tokens are broadcast after it (one
+broadcast for the step, in place of the sampler's). The rejected drafts' slots are given back
+at a launch: rank 0 applies what its finished verify steps registered (Rollbacks) and sends
+the (row, slots) it applied with that plan, which the other ranks apply before the same launch,
+so every rank's rows hold the same computed counts at every step."""
 
 from __future__ import annotations
 
 import logging
 import threading
 
+import numpy as np
+
 from executor_svc.model_runner import ModelRunner, StepHandle
 from executor_svc.parallel.channel import LAUNCH, RESET, STOP, USE_GRAPHS, PlanChannel
 from executor_svc.parallel.state import TensorParallel
 from executor_svc.plan_checks import PlanError
+from executor_svc.spec_verify import verify
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from step_protocol import codec
 from step_protocol.domain import StepPlan
 
 log = logging.getLogger(__name__)
-# verify steps sample on every rank and roll back at finish(), which ranks 1.. never call
-SPEC_REFUSED = "speculative decoding (draft tokens) with tensor parallelism is not implemented yet"
 
 
 class TensorParallelRunner(ModelRunner):
@@ -33,16 +41,25 @@ class TensorParallelRunner(ModelRunner):
         self.tp, self.channel, self.workers = tp, PlanChannel(tp), workers
         self._lock = threading.Lock()  # rank 0: a command and its step's collectives go together
         self._closed = False
+        self._verifying = False  # the step being launched has verify rows (its broadcast is _verify's)
         return self
 
-    def launch(self, plan: StepPlan, arrived: float | None = None) -> StepHandle:
+    def launch(self, plan: StepPlan, arrived: float | None = None,
+               rollbacks: np.ndarray | None = None) -> StepHandle:
+        """rollbacks (ranks 1..): [R, 2] (row, slots) rank 0 gave back before this plan."""
+        self._verifying = bool(plan.num_draft_tokens or plan.draft_token_ids)  # = checks' num_drafts
         if self.tp.rank != 0:
+            for row, n in (rollbacks if rollbacks is not None else ()):
+                self.batch.num_computed[int(row)] -= int(n)
             return super().launch(plan, arrived)
-        if getattr(plan, "draft_token_ids", None):  # refused before any rank sees it
-            raise PlanError(SPEC_REFUSED)
         with self._lock:
-            self.channel.send(LAUNCH, codec.plan_to_pb(plan).SerializeToString())
+            applied = np.asarray(self._rollbacks.apply(self.batch), dtype=np.int64).reshape(-1, 2)
+            encoded = codec.plan_to_pb(plan).SerializeToString()
+            self.channel.send(LAUNCH, encoded + applied.tobytes(), arg=len(encoded))
             return super().launch(plan, arrived)
+
+    def _apply_rollbacks(self) -> None:
+        """Rank 0 applied them in launch() (and sent them); ranks 1.. have none of their own."""
 
     def reset(self) -> None:
         if self.tp.rank != 0:
@@ -60,8 +77,19 @@ class TensorParallelRunner(ModelRunner):
     def _sample(self, step, *args, **kwargs):
         """Rank 0 samples; every rank then holds rank 0's ids as the rows' last tokens."""
         pending = super()._sample(step, *args, **kwargs) if self.tp.rank == 0 else None
-        self.tp.broadcast(self.batch.last_sampled_gpu)
+        if not self._verifying:  # else after the verify rows' tokens are picked (_verify)
+            self.tp.broadcast(self.batch.last_sampled_gpu)
         return pending
+
+    def _verify(self, spec, hidden):
+        """Every rank's share of the draft logits (all-gathered); rank 0 picks the tokens, then
+        every rank holds rank 0's last tokens. Ranks 1.. answer nothing (None: no rollback of
+        their own; rank 0 sends its rollbacks with the next plans)."""
+        logits = self.model.compute_logits(hidden[spec.token_index])
+        if self.tp.rank == 0:
+            verify(spec, logits, self.batch.last_sampled_gpu)
+        self.tp.broadcast(self.batch.last_sampled_gpu)
+        return spec if self.tp.rank == 0 else None
 
     def watch(self, on_failure) -> None:
         """on_failure(reason) once, from a watchdog thread, when another rank dies."""
@@ -97,8 +125,9 @@ def serve_plans(runner: TensorParallelRunner) -> None:
             runner.reset()
             return
         try:
-            if op == LAUNCH:
-                runner.launch(codec.plan_from_pb(pb.StepPlan.FromString(payload)))
+            if op == LAUNCH:  # the plan's arg bytes, then the rollbacks rank 0 applied before it
+                rollbacks = np.frombuffer(payload[arg:], dtype=np.int64).reshape(-1, 2)
+                runner.launch(codec.plan_from_pb(pb.StepPlan.FromString(payload[:arg])), rollbacks=rollbacks)
             elif op == RESET:
                 runner.reset()
             elif op == USE_GRAPHS:

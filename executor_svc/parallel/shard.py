@@ -21,29 +21,37 @@ def fused_bounds(args, tp: TensorParallel) -> dict[str, list[int]]:
     return {"qkv_proj": [0, q, q + kv, q + 2 * kv], "gate_up_proj": [0, inter, 2 * inter]}
 
 
-def shard_tensor(name: str, part: int | None, tensor: torch.Tensor, args, tp: TensorParallel) -> torch.Tensor:
-    """The rank's slice of the checkpoint tensor loaded into our parameter `name` (part: its
-    index in a fused parameter, or None)."""
-    if tp.size == 1:
-        return tensor
+def shard_slice(name: str, part: int | None, args, tp: TensorParallel) -> tuple[int, int, int, int] | None:
+    """(dim, start, stop, full length) of the rank's slice of a projection's checkpoint tensor
+    (dim 0: output rows of qkv/gate_up parts, dim 1: input columns of o_proj/down_proj); None
+    for the other tensors."""
     leaf = name.rsplit(".", 2)
     module = leaf[-2] if len(leaf) >= 2 else ""
     d = args.head_dim
     if module == "qkv_proj":
         if part == 0:
-            n = tp.split(args.num_heads, "attention heads")
-            return tensor[tp.rank * n * d:(tp.rank + 1) * n * d]
+            n = tp.split(args.num_heads, "attention heads") * d
+            return 0, tp.rank * n, (tp.rank + 1) * n, args.num_heads * d
         n, start = tp.kv_heads(args.num_kv_heads), tp.kv_head_start(args.num_kv_heads)
-        return tensor[start * d:(start + n) * d]
-    if module == "gate_up_proj":
+        return 0, start * d, (start + n) * d, args.num_kv_heads * d
+    if module in ("gate_up_proj", "down_proj"):
         n = tp.split(args.intermediate_size, "MLP rows")
-        return tensor[tp.rank * n:(tp.rank + 1) * n]
+        return int(module == "down_proj"), tp.rank * n, (tp.rank + 1) * n, args.intermediate_size
     if module == "o_proj":
         n = tp.split(args.num_heads, "attention heads") * d
-        return tensor[:, tp.rank * n:(tp.rank + 1) * n]
-    if module == "down_proj":
-        n = tp.split(args.intermediate_size, "MLP rows")
-        return tensor[:, tp.rank * n:(tp.rank + 1) * n]
+        return 1, tp.rank * n, (tp.rank + 1) * n, args.num_heads * d
+    return None
+
+
+def shard_tensor(name: str, part: int | None, tensor: torch.Tensor, args, tp: TensorParallel) -> torch.Tensor:
+    """The rank's slice of the checkpoint tensor loaded into our parameter `name` (part: its
+    index in a fused parameter, or None)."""
+    if tp.size == 1:
+        return tensor
+    bounds = shard_slice(name, part, args, tp)
+    if bounds is not None:
+        dim, start, stop, _ = bounds
+        return tensor[start:stop] if dim == 0 else tensor[:, start:stop]
     if name in ("embed_tokens.weight", "lm_head.weight"):
         rows = tp.vocab_rows(args.vocab_size)
         piece = tensor[tp.rank * rows:(tp.rank + 1) * rows]

@@ -65,7 +65,7 @@ def quantize_tiles(w: torch.Tensor, rows: int, cols: int, scale_dtype: torch.dty
     return q, scales, deq
 
 
-def quantize(w: torch.Tensor, kind: str, scale_dtype: torch.dtype):
+def quantize(w: torch.Tensor, kind: str, scale_dtype: torch.dtype, block=BLOCK):
     """(fp8 weight, scale tensor as the format stores it, dequantized weight) of one projection."""
     n, k = w.shape
     if kind == "tensor":
@@ -74,21 +74,25 @@ def quantize(w: torch.Tensor, kind: str, scale_dtype: torch.dtype):
     if kind == "channel":
         q, scales, deq = quantize_tiles(w, 1, k, scale_dtype)
         return q, scales.reshape(n, 1), deq
-    return quantize_tiles(w, BLOCK[0], BLOCK[1], scale_dtype)
+    return quantize_tiles(w, block[0], block[1], scale_dtype)
 
 
-def write_fp8_pair(src: Path, base: Path, fmt: str, weight_dtype: torch.dtype = FP8) -> tuple[Path, Path]:
+def write_fp8_pair(src: Path, base: Path, fmt: str, weight_dtype: torch.dtype = FP8,
+                   block: list[int] | None = None) -> tuple[Path, Path]:
     """(FP8 folder in `fmt`, float32 folder of its dequantized weights) made from the model at src.
     Each projection is first scaled by its own factor, so that parts of a fused weight have very
-    different scales (a scale used for the wrong part changes the logits)."""
+    different scales (a scale used for the wrong part changes the logits). block: another
+    weight_block_size than BLOCK (block formats)."""
     config, kind, scale_name, scale_dtype, input_scale = FORMATS[fmt]
+    if block is not None:
+        config = {**config, "weight_block_size": block}
     tensors = load_file(str(src / "model.safetensors"))
     quantized, dense = {}, {}
     for i, (name, t) in enumerate(sorted(tensors.items())):
         if not PROJECTION.search(name):
             quantized[name] = dense[name] = t
             continue
-        q, scale, deq = quantize(t * (0.25 + 0.5 * (i % 7)), kind, scale_dtype)
+        q, scale, deq = quantize(t * (0.25 + 0.5 * (i % 7)), kind, scale_dtype, block or BLOCK)
         prefix = name.removesuffix("weight")
         if fmt.startswith("ct") and kind == "tensor":
             scale = scale.reshape(1)  # compressed-tensors keeps per-tensor scales as [1]

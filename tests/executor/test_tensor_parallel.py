@@ -88,8 +88,7 @@ def test_what_does_not_split_is_refused_before_any_rank_starts(tmp_path, model_d
     path = model_dirs["tiny-llama"]
     with pytest.raises(ModelError, match="does not divide the 4 attention heads"):
         check_splits(ExecutorConfig(model=str(path), tensor_parallel_size=3), path)
-    with pytest.raises(ModelError, match="FP8 weights with --tensor-parallel-size 2 are not implemented"):
-        check_splits(ExecutorConfig(model=str(path), tensor_parallel_size=2, quantization="fp8"), path)
+    check_splits(ExecutorConfig(model=str(path), tensor_parallel_size=2, quantization="fp8"), path)  # FP8 splits
     check_splits(ExecutorConfig(model=str(path), tensor_parallel_size=4), path)  # 2 KV heads replicated
 
 
@@ -97,14 +96,3 @@ def test_four_ranks_share_two_kv_heads(model_dirs):
     """4 ranks, 4 query heads, 2 KV heads: ranks 0-1 hold KV head 0, ranks 2-3 head 1."""
     assert _compare(model_dirs["tiny-llama"], num_tokens=6, size=4) == [(1, 1, 32, 128)] * 4
 
-
-def test_plans_with_draft_tokens_are_refused_before_the_other_ranks_see_them():
-    from types import SimpleNamespace
-
-    from executor_svc.parallel.runner import SPEC_REFUSED, TensorParallelRunner
-    from executor_svc.plan_checks import PlanError
-
-    runner = TensorParallelRunner.__new__(TensorParallelRunner).attach(TensorParallel(0, 2))
-    with pytest.raises(PlanError, match="speculative decoding"):
-        runner.launch(SimpleNamespace(draft_token_ids=[5, 6]))
-    assert "not implemented" in SPEC_REFUSED

@@ -69,13 +69,13 @@ def _meta(start: int, end: int, block_ids: list[int], block_size: int) -> Attent
                              max_query_len=end - start, max_seq_len=end, is_decode=end - start == 1)
 
 
-def model_greedy(tp: TensorParallel, path, prompt: list[int], num_tokens: int):
+def model_greedy(tp: TensorParallel, path, prompt: list[int], num_tokens: int, quantization: str = ""):
     """Greedy tokens, the [num_tokens, V] logits they came from and the rank's (query heads,
-    KV heads, MLP rows, vocabulary rows), through load_model with tp."""
+    KV heads, MLP rows, vocabulary rows), through load_model with tp (and --quantization)."""
     from executor_svc.kv_cache import allocate_kv_caches
     from executor_svc.loader import load_model
 
-    model = load_model(path, "cpu", torch.float32, tp=tp)
+    model = load_model(path, "cpu", torch.float32, quantization=quantization, tp=tp)
     caches = allocate_kv_caches(model.cache_args, 8, 16, torch.float32, torch.device("cpu"))
     blocks, ids, tokens, logits = [3, 1, 6, 2, 5], torch.tensor(prompt), [], []
     start = 0
