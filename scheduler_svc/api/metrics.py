@@ -134,23 +134,35 @@ class Metrics:
             r.scheduled = when
 
     def output(self, o: RequestOutput, now: float) -> None:
-        r = self._requests.get(o.req_id)
-        if r is None:
-            return
-        n = len(o.new_token_ids)
-        if n:
-            if r.first is None:
-                r.first = now
-                self.ttft.observe(now - r.arrival)
-                self.prompt_tokens.inc(r.num_prompt)
-            else:
-                self.itl.observe(now - r.last)
-                self.tpot.observe(now - r.last)
-            r.last = now
-            r.num_gen += n
-            self.generation_tokens.inc(n)
-        if o.finish_reason is not None:
-            self._finish(o.req_id, FINISHED_REASON[o.finish_reason], now)
+        self.outputs((o,), now)
+
+    def outputs(self, outs, now: float) -> None:
+        """One message's outputs (all seen at `now`): the generated-token counter is added to
+        once per message, the latency histograms observe each output as output() would."""
+        if not self._bound:
+            return  # (nothing arrived: no request is known)
+        requests, num_generated = self._requests, 0
+        itl, tpot = self.itl.observe, self.tpot.observe
+        for o in outs:
+            r = requests.get(o.req_id)
+            if r is None:
+                continue
+            n = len(o.new_token_ids)
+            if n:
+                if r.first is None:
+                    r.first = now
+                    self.ttft.observe(now - r.arrival)
+                    self.prompt_tokens.inc(r.num_prompt)
+                else:
+                    itl(now - r.last)
+                    tpot(now - r.last)
+                r.last = now
+                r.num_gen += n
+                num_generated += n
+            if o.finish_reason is not None:
+                self._finish(o.req_id, FINISHED_REASON[o.finish_reason], now)
+        if num_generated:
+            self.generation_tokens.inc(num_generated)
 
     def ended(self, req_id: int, failed: bool, now: float) -> None:
         """A request that ended without a finishing output (cancelled, aborted, failed)."""

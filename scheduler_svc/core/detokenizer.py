@@ -26,6 +26,8 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int],
                  skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self._id_to_token = tokenizer.id_to_token  # bound once: step() runs for every token
+        self._hf = tokenizer.hf
         self.skip_special_tokens = skip_special_tokens
         self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self.context_ids = list(prompt_token_ids[-NUM_PROMPT_CONTEXT_TOKENS:])
@@ -36,7 +38,7 @@ class IncrementalDetokenizer:
 
     def step(self, token_id: int) -> str:
         """The text that token_id completes ("" while a character is still incomplete)."""
-        if self.tokenizer.id_to_token(token_id) is None:
+        if self._id_to_token(token_id) is None:
             return ""
         self.output_ids.append(token_id)
         text = self._decode_next(token_id)
@@ -58,7 +60,7 @@ class IncrementalDetokenizer:
 
     def _decode_next(self, token_id: int) -> str:
         try:
-            return self.stream.step(self.tokenizer.hf, token_id) or ""
+            return self.stream.step(self._hf, token_id) or ""
         except Exception:
             # The stream cannot continue from its held prefix: start over from this token.
             self.stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)

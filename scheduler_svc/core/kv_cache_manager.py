@@ -104,7 +104,8 @@ class KVCacheManager:
     def can_allocate_slots(self, request: Request, num_new_tokens: int,
                            computed_blocks: Sequence[int] = ()) -> bool:
         # A hit on a free cached block takes it out of the free queue too.
-        num_evictable = sum(self.pool.blocks[b].ref_count == 0 for b in computed_blocks)
+        blocks = self.pool.blocks
+        num_evictable = sum(blocks[b].ref_count == 0 for b in computed_blocks) if computed_blocks else 0
         num_new = self.num_blocks_needed(request, num_new_tokens, len(computed_blocks))
         return self.pool.can_allocate(num_new + num_evictable)
 
@@ -113,6 +114,8 @@ class KVCacheManager:
         """Appends computed_blocks (a prefix hit, for a request without blocks) and the blocks
         needed for num_new_tokens more tokens; returns the newly allocated block ids."""
         num_new = self.num_blocks_needed(request, num_new_tokens, len(computed_blocks))
+        if not num_new and not computed_blocks:
+            return []  # (most decode steps: the slot is in the last block)
         if computed_blocks:
             assert not request.block_ids, request
             self.pool.touch(computed_blocks)  # first: allocate must not evict them

@@ -91,5 +91,6 @@ def token_output(request: Request, token_id: int, eos_token_ids: tuple[int, ...]
     request.output_token_ids.append(token_id)
     text, reason, matched = process_token(request, token_id, eos_token_ids, max_model_len)
     return RequestOutput(request.req_id, [token_id], text, reason, matched,
-                         request.num_prompt_tokens, request.num_output_tokens,
-                         logprobs.for_request(request), take_prompt_logprobs(request))
+                         len(request.prompt_token_ids), len(request.output_token_ids),
+                         None if request.params.logprobs is None else logprobs.for_request(request),
+                         None if request.prompt_logprobs_sent else take_prompt_logprobs(request))

@@ -244,22 +244,22 @@ class Scheduler:
         outputs, missing = [], []
         counts = [r.num_scheduled_tokens for r in output.new_requests]
         counts += output.cached_requests.num_scheduled_tokens
+        requests, spec, finished = self.requests, self.spec, RequestStatus.FINISHED  # (per row)
         for req_id, num_tokens in zip(output.scheduled_req_ids, counts):
-            request = self.requests[req_id]
-            # Each step in flight adds at most one pending token, and non-sampling steps
-            # (partial prefill chunks) come before sampling ones: this oldest step sampled
-            # exactly when every step in flight did.
+            request = requests[req_id]
+            # Steps in flight add a pending token at most, non-sampling ones (chunks) first:
+            # this oldest step sampled exactly when every step in flight did.
             should_sample = request.num_pending_tokens == request.num_inflight_steps
             request.num_inflight_steps -= 1
             token_id = sampled.get(req_id)  # a list of token ids for a verify step
-            if self.spec is not None and not request.num_inflight_steps:  # (its verify step is its last)
-                num_tokens -= self.spec.settle(request, token_id)  # rejected drafts: KV void
-            if not request.is_finished:  # (a failed step aborts its requests first)
+            if spec is not None and not request.num_inflight_steps:  # (its verify step is its last)
+                num_tokens -= spec.settle(request, token_id)  # rejected drafts: KV void
+            if request.status is not finished:  # (a failed step aborts its requests first)
                 self.kv.cache_written_blocks(request, num_tokens)  # its KV is there: share it
                 self.held.release(request, self.waiting)  # samples waiting for its prompt KV
             if token_id is not None and request.num_pending_tokens > 0:
                 request.num_pending_tokens -= 1
-                if not request.is_finished:
+                if request.status is not finished:
                     outputs.append(self._append_tokens(request, token_id, logprobs))
             elif token_id is None and should_sample and request.status is RequestStatus.RUNNING:
                 missing.append(req_id)

@@ -78,17 +78,27 @@ def process_token(request: Request, token_id: int, eos_token_ids: tuple[int, ...
     string); a stop or EOS token's own text is never streamed. Before min_tokens tokens
     (this one counted) no stop condition applies, as in vLLM: only length ends the request.
     """
-    can_stop = request.num_output_tokens >= request.params.min_tokens
-    reason, matched = check_stop_token(request, token_id, eos_token_ids) if can_stop else (None, "")
+    params, num_output = request.params, len(request.output_token_ids)
+    can_stop = num_output >= params.min_tokens
+    reason, matched = None, ""
+    if can_stop:  # check_stop_token, inline (this runs for every token)
+        if token_id in params.stop_token_ids:
+            reason, matched = FinishReason.STOP, str(token_id)
+        elif not params.ignore_eos and token_id in eos_token_ids:
+            reason = FinishReason.EOS
     detokenizer = request.detokenizer
     text = detokenizer.step(token_id) if detokenizer is not None and reason is None else ""
-    if reason is None and length_reached(request, max_model_len):
+    if reason is None and (num_output >= params.max_tokens  # length_reached, inline
+                           or len(request.prompt_token_ids) + num_output >= max_model_len):
         reason = FinishReason.LENGTH
     if reason is not None and detokenizer is not None:
         text += detokenizer.flush()
-    text, matched_string = request.stop_matcher.feed(text, can_stop)
+    matcher = request.stop_matcher
+    if not matcher.stop:  # no stop strings: feed() would hand the text back as it is
+        return text, reason, matched
+    text, matched_string = matcher.feed(text, can_stop)
     if matched_string:
         return text, FinishReason.STOP, matched_string
     if reason is not None:
-        text += request.stop_matcher.flush()  # held text was no stop string after all
+        text += matcher.flush()  # held text was no stop string after all
     return text, reason, matched
