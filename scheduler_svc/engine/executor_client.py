@@ -30,6 +30,9 @@ CHANNEL_OPTIONS = [
 ]
 
 
+MAX_UNSENT_PLANS = 16
+
+
 class ExecutorUnavailable(Exception):
     """The executor cannot be reached or its step stream broke."""
 
@@ -62,7 +65,8 @@ class ExecutorClient:
         except grpc.aio.AioRpcError as e:
             raise ExecutorUnavailable(f"executor at {self._address}: {e.details()}") from e
         self._stream = stub.Execute(metadata=self._metadata)
-        self._plans, self._write_error = asyncio.Queue(), None
+        # bounded: the step loop keeps at most --pipeline-depth (<= 8) plans unanswered
+        self._plans, self._write_error = asyncio.Queue(maxsize=MAX_UNSENT_PLANS), None
         self._writer = asyncio.create_task(self._write_plans(self._stream, self._plans))
         return codec.info_from_pb(info)
 
