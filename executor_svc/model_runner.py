@@ -19,8 +19,8 @@ from executor_svc.input_batch import InputBatch
 from executor_svc.logits_processors import apply_processors, compute_logprobs, count_tokens
 from executor_svc.models.llama import KVCache, LlamaForCausalLM
 from executor_svc.plan_checks import check_plan
-from executor_svc.sampler import SamplingTensors, sample
-from executor_svc.sampler_graphs import SamplerGraphs, processor_params
+from executor_svc.sampler import sample
+from executor_svc.sampler_graphs import SamplerGraphs, processor_params, sampling_params
 from executor_svc.spec_verify import Rollbacks, VerifyRows, prepare_verify, verify, verify_result
 from executor_svc.step_buffers import StepBuffers
 from executor_svc.step_inputs import PreparedStep, Scheduled, StepLimits, prepare_step
@@ -267,10 +267,7 @@ class ModelRunner:
             if step.need_processors:
                 processed = (graphs.processors(graph_size, n) if graphs is not None
                              else apply_processors(logits, processor_params(buf, n), tables))
-            params = SamplingTensors(
-                temperature=buf.temperature.gpu[:n], top_k=buf.top_k.gpu[:n], top_p=buf.top_p.gpu[:n],
-                seeds=buf.seeds.gpu[:n], positions=buf.sample_positions.gpu[:n],
-                all_greedy=step.all_greedy, need_top_k_top_p=step.need_top_k_top_p)
+            params = sampling_params(buf, n, step.all_greedy, step.need_top_k_top_p)
             sampled = sample(processed, params)  # [N] int64
             self.batch.last_sampled_gpu.index_copy_(0, rows, sampled)
         if step.need_penalties:

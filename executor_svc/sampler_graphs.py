@@ -39,6 +39,14 @@ def processor_params(buf: StepBuffers, n: int) -> ProcessorParams:
         frequency=buf.frequency.gpu[:n], repetition=buf.repetition.gpu[:n], min_pos=buf.min_pos.gpu[:n])
 
 
+def sampling_params(buf: StepBuffers, n: int, all_greedy: bool, need_top_k_top_p: bool) -> SamplingTensors:
+    """Views of the first n rows of the sampler's static parameters."""
+    return SamplingTensors(
+        temperature=buf.temperature.gpu[:n], top_k=buf.top_k.gpu[:n], top_p=buf.top_p.gpu[:n],
+        seeds=buf.seeds.gpu[:n], positions=buf.sample_positions.gpu[:n],
+        all_greedy=all_greedy, need_top_k_top_p=need_top_k_top_p)
+
+
 class SamplerGraphs:
     """Captures (at construction) and replays the processors and logprobs graph of each size.
 
@@ -85,10 +93,7 @@ class SamplerGraphs:
 
     def _run_sample(self, size: int) -> None:
         buf = self.buffers
-        params = SamplingTensors(
-            temperature=buf.temperature.gpu[:size], top_k=buf.top_k.gpu[:size], top_p=buf.top_p.gpu[:size],
-            seeds=buf.seeds.gpu[:size], positions=buf.sample_positions.gpu[:size],
-            all_greedy=False, need_top_k_top_p=False)
+        params = sampling_params(buf, size, all_greedy=False, need_top_k_top_p=False)
         self.sampled[:size].copy_(sample(self.logits[:size], params))
         self.last_sampled.index_copy_(0, buf.sample_rows.gpu[:size], self.sampled[:size])
 
