@@ -147,13 +147,18 @@ def section_w8(out: dict, log_dir: Path) -> None:
 
 def section_spec(out: dict, log_dir: Path) -> None:
     """Issue 15: n-gram speculation on the built-in SmolLM2 (bf16) asked to repeat a passage,
-    batch 1 and 64, with and without, through both services (benchmarks/spec_bench.py)."""
+    batch 1 and 64, with and without, through both services (benchmarks/spec_bench.py); then
+    draft-model speculation, a SmolLM2-135M-shaped random draft (llama-1b's vocabulary and
+    tokenizer) for the llama-1b-shaped random target, same task (out["draft_model"])."""
     import torch
 
     from benchmarks import real_model, spec_bench
 
     folders = real_model.folders(MODELS / "smol-cache")
     spec_bench.run(out, log_dir / "spec", folders[torch.bfloat16], "cuda")
+    out["draft_model"] = {}
+    spec_bench.run(out["draft_model"], log_dir / "spec-draft", model_path("llama-1b"), "cuda",
+                   draft=model_path("smollm2-135m-draft"))
 
 
 def section_w2ab(out: dict) -> None:

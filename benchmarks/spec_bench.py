@@ -6,6 +6,11 @@ median, tok/s, TTFT, steps, and the scheduler's spec_decode counters (its Promet
 `--metrics-port`, before and after); and whether the greedy outputs with and without
 speculation are identical (a mismatch is reported, never raised). docs/benchmarks.md,
 "Speculative decoding benchmark (method)".
+
+With `draft` (a model folder sharing the target's tokenizer) the "on" mode is draft-model
+speculation instead (draft_config(draft), given to both services); the suite measures a
+SmolLM2-135M-shaped random draft for a llama-1b-shaped random target that way (random weights:
+acceptance is near zero, so it measures what drafting costs, not what it can save).
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ PASSAGE = (
     "keeper added a line of his own: a note about the colour of the sky at dawn, a seal asleep on the "
     "landing stage, or the first swallow of the spring, seen on the same morning every year."
 )
+
+
+def draft_config(draft: Path, k: int = 4) -> dict:
+    """--speculative-config of draft-model speculation with the draft at `draft`."""
+    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
 
 
 def chat_prompt(stub, passage: str) -> list[int]:
@@ -118,21 +128,27 @@ def _compare(off: list[list[int]], on: list[list[int]]) -> dict:
 
 
 def run(out: dict, log_dir: Path, model_folder: Path, device: str, *, passage: str = PASSAGE,
-        max_tokens: int = 256, batches: tuple[int, ...] = (1, 64), executor_args: tuple[str, ...] = ()) -> None:
+        max_tokens: int = 256, batches: tuple[int, ...] = (1, 64), executor_args: tuple[str, ...] = (),
+        draft: Path | None = None) -> None:
     """Fills `out`: "off" / "on" -> "b<batch>" -> figures, "outputs" -> "b<batch>" -> the
     comparison, "tpot_speedup" / "tok_s_ratio" -> "b<batch>" (off / on and on / off), and
-    "config", "sample_text" (the start of the batch-1 output without speculation)."""
+    "config", "sample_text" (the start of the batch-1 output without speculation). draft: a
+    draft model folder, for draft-model speculation instead of n-gram."""
     from benchmarks.cluster import Cluster, free_port
     from protos.llmserve.v1 import llmserve_pb2 as pb
 
-    out["config"] = dict(SPEC_CONFIG, max_tokens=max_tokens, batches=list(batches), device=device)
+    spec = SPEC_CONFIG if draft is None else draft_config(draft)
+    out["config"] = dict(spec, max_tokens=max_tokens, batches=list(batches), device=device,
+                         model=str(model_folder), **({} if draft is None else {"draft": str(draft)}))
     outputs: dict[str, dict[int, list[list[int]]]] = {}
     for mode in ("off", "on"):
         port = free_port()
-        args = ["--metrics-port", str(port)]
+        args, extra = ["--metrics-port", str(port)], []
         if mode == "on":
-            args += ["--speculative-config", json.dumps(SPEC_CONFIG)]
-        cluster = Cluster(model_folder, log_dir / mode, ["--device", device, *executor_args], args, timeout=600)
+            args += ["--speculative-config", json.dumps(spec)]
+            extra = [] if draft is None else ["--speculative-config", json.dumps(spec)]  # the executor loads it
+        cluster = Cluster(model_folder, log_dir / mode, ["--device", device, *executor_args, *extra], args,
+                          timeout=600)
         try:
             prompt = chat_prompt(cluster.stub, passage)
             measure(cluster, port, prompt, 1, 8)  # warm-up
@@ -152,7 +168,17 @@ def run(out: dict, log_dir: Path, model_folder: Path, device: str, *, passage: s
 
 
 def rows(spec: dict) -> list[tuple[str, str, str]]:
-    """Report rows (benchmarks/report.py): TPOT and tok/s with vs without, acceptance, outputs."""
+    """Report rows (benchmarks/report.py): TPOT and tok/s with vs without, acceptance, outputs;
+    n-gram (the top level) then draft-model speculation (spec["draft_model"], when run)."""
+    r = _rows(spec, "n-gram repeat-passage", "target >= 1.8x", "target: no slowdown")
+    draft = spec.get("draft_model")
+    if draft:
+        r += _rows(draft, "draft-model (SmolLM2-135M shape -> llama-1b shape, random)",
+                   "random weights: the cost of drafting", "random weights: the cost of drafting")
+    return r
+
+
+def _rows(spec: dict, label: str, target_b1: str, target_bn: str) -> list[tuple[str, str, str]]:
     r = []
     for key, on in spec.get("on", {}).items():
         off = spec.get("off", {}).get(key)
@@ -163,11 +189,11 @@ def rows(spec: dict) -> list[tuple[str, str, str]]:
                                                 f"(from token {same.get('first_mismatch_position')})")
         length, rate = on.get("acceptance_length"), on.get("acceptance_rate")
         acc = f"acceptance length {length:.2f}, rate {rate:.0%}" if length and rate is not None else "no drafts"
-        target = "target >= 1.8x" if on["batch"] == 1 else "target: no slowdown"
-        r.append((f"Spec n-gram repeat-passage b={on['batch']} TPOT on / off",
+        target = target_b1 if on["batch"] == 1 else target_bn
+        r.append((f"Spec {label} b={on['batch']} TPOT on / off",
                   f"{on['tpot_ms']:.3f} / {off['tpot_ms']:.3f} ms",
                   f"{off['tpot_ms'] / on['tpot_ms']:.2f}x lower ({target}); {acc}; greedy outputs {eq}"))
-        r.append((f"Spec n-gram repeat-passage b={on['batch']} tok/s on / off",
+        r.append((f"Spec {label} b={on['batch']} tok/s on / off",
                   f"{on['tok_s']:,.0f} / {off['tok_s']:,.0f}",
                   f"{on['tok_s'] / off['tok_s']:.2f}x; steps {on['steps']} / {off['steps']}"))
     return r

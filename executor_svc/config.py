@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass, field
 
@@ -57,6 +58,12 @@ class ExecutorConfig:
     # ranks of one executor (parallel/): this process is rank 0 and starts ranks 1..N-1, one
     # device each (cuda:rank); 1 = the single-device path
     tensor_parallel_size: int = 1
+    # Speculative decoding's draft model (vLLM's --speculative-config with method draft_model):
+    # a Hugging Face folder or GGUF sharing the target's tokenizer, run on the same device to
+    # propose each verify row's drafts (spec_draft.py); "" = none (n-gram drafts come from the
+    # scheduler, or no speculation)
+    speculative_model: str = ""
+    num_speculative_tokens: int = 0  # the config's k (the scheduler decides each row's count)
 
     @property
     def use_cuda_graphs(self) -> bool:
@@ -89,6 +96,7 @@ class ExecutorConfig:
             internal_token=ns.internal_token,
             insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
             tensor_parallel_size=ns.tensor_parallel_size,
+            speculative_model=ns.speculative_config[0], num_speculative_tokens=ns.speculative_config[1],
         )
 
 
@@ -159,6 +167,31 @@ def _kv_cache_dtype(text) -> str:
     raise argparse.ArgumentTypeError(f"must be auto, fp8 or fp8_e4m3, got {text!r}")
 
 
+def speculative_draft(text) -> tuple[str, int]:
+    """--speculative-config (vLLM's JSON, the scheduler's flag too) -> (draft model, k): the
+    executor's part, a draft model for method draft_model (inferred when "model" is given),
+    ("", 0) for ngram or off. The scheduler checks the rest of it (core/spec_decode.py)."""
+    text = str(text).strip()
+    if not text:
+        return "", 0
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    method = raw.get("method", "draft_model" if "model" in raw else "ngram")
+    if method != "draft_model":
+        return "", 0
+    model, k = raw.get("model"), raw.get("num_speculative_tokens")
+    if not isinstance(model, str) or not model.strip():
+        raise argparse.ArgumentTypeError(f"method draft_model needs \"model\" (the draft's folder or "
+                                         f"GGUF file), got {model!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise argparse.ArgumentTypeError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+    return model, k
+
+
 def _positive(text) -> int:
     value = int(text)
     if value < 1:
@@ -205,6 +238,9 @@ def _parser() -> argparse.ArgumentParser:
         "fp8_e4m3) = float8 e4m3 with per-layer scales, twice the blocks in the same memory")
     add("tensor-parallel-size", _positive, 1, "ranks (devices) the model is split over: attention "
         "heads, MLP rows and vocabulary; 1 = one device")
+    add("speculative-config", speculative_draft, "", "speculative decoding as vLLM's JSON; the "
+        "executor reads the draft model of method draft_model, e.g. '{\"model\": \"/draft\", "
+        "\"num_speculative_tokens\": 4}' (n-gram configs: nothing to load here)")
     add("internal-token", str, os.environ.get(SHARED_TOKEN_ENV, ""),
         f"secret the scheduler must send (prefer the env var {ENV_PREFIX}INTERNAL_TOKEN or "
         f"{SHARED_TOKEN_ENV}: flags show in ps)")

@@ -6,7 +6,10 @@ Two families share one memory pool and one logits output buffer:
   - mixed graphs, one per token count T (prefill chunks, and decode rows beside them): up to
     R = min(T, max_num_seqs) requests, the varlen attention kernel, whose grid depends on the
     shapes alone (kernels/attention_prefill.py), so one graph serves every mix of query
-    lengths that adds up to at most T tokens; logits of the R rows named by logits_indices.
+    lengths that adds up to at most T tokens; logits of the R rows named by logits_indices,
+    and every token's hidden state copied into one shared buffer, so steps that need more
+    than the sampled rows' logits (speculative verify rows, prompt logprobs) replay them too
+    and compute those logits from the hidden states after the replay.
 A graph reads the static step buffers (input ids, use-last mask, positions, slots, seq lens,
 query start offsets, block tables, logits indices) and writes into the shared output buffer
 (kept out of the graph pool: per-graph outputs of [size, vocab] would hold gigabytes). A step
@@ -69,16 +72,20 @@ class GraphRunner:
         self.shapes = self.decode_shapes + self.mixed_shapes
         self.graphs: dict[GraphShape, torch.cuda.CUDAGraph] = {}
         self.logits = self._output_buffer()  # [most rows of any graph, V] model dtype
+        # [most tokens of a mixed graph, H]: every token's final hidden state, mixed graphs
+        self.hidden = torch.empty(max(self.mixed_sizes, default=0), model.args.hidden_size,
+                                  dtype=self.logits.dtype, device=self.logits.device)
         self.capture_s, self.pool_bytes = 0.0, 0  # measured by capture()
         self.capture()
 
-    def shape_for(self, step: PreparedStep) -> GraphShape | None:
+    def shape_for(self, step: PreparedStep, need_hidden: bool = False) -> GraphShape | None:
         """The smallest captured graph the step fits; None = run it eagerly. A pure-decode
-        step takes a decode graph; any other step a mixed graph of at least its token count,
-        unless it computes prompt logprobs (they need every token's hidden state)."""
-        if step.is_decode and self.sizes and step.num_reqs <= self.sizes[-1]:
+        step takes a decode graph, unless it needs the hidden states (need_hidden: verify rows;
+        prompt logprobs); any other step a mixed graph of at least its token count."""
+        need_hidden = need_hidden or step.prompt_logprobs is not None
+        if step.is_decode and not need_hidden and self.sizes and step.num_reqs <= self.sizes[-1]:
             return self.decode_shapes[bisect.bisect_left(self.sizes, step.num_reqs)]
-        if step.prompt_logprobs is not None or not self.mixed_sizes or step.num_tokens > self.mixed_sizes[-1]:
+        if not self.mixed_sizes or step.num_tokens > self.mixed_sizes[-1]:
             return None
         return self.mixed_shapes[bisect.bisect_left(self.mixed_sizes, step.num_tokens)]
 
@@ -108,6 +115,7 @@ class GraphRunner:
         hidden = self.model(self.buffers.input_tokens(self.last_sampled, t), self.buffers.positions.gpu[:t],
                             attn, self.kv_caches)
         if not shape.decode:
+            self.hidden[:t].copy_(hidden)  # read after the replay by steps that need it
             hidden = hidden[attn.logits_indices]  # [R, H]: the rows that may sample
         return self.model.compute_logits(hidden, out=self.logits[:shape.num_reqs])
 

@@ -21,6 +21,7 @@ from executor_svc.models.llama import KVCache, LlamaForCausalLM
 from executor_svc.plan_checks import check_plan
 from executor_svc.sampler import sample
 from executor_svc.sampler_graphs import SamplerGraphs, processor_params, sampling_params
+from executor_svc.spec_draft import DraftProposer
 from executor_svc.spec_verify import Rollbacks, VerifyRows, prepare_verify, verify, verify_result
 from executor_svc.step_buffers import StepBuffers
 from executor_svc.step_inputs import PreparedStep, Scheduled, StepLimits, prepare_step
@@ -53,7 +54,10 @@ class ModelRunner:
     """Launches and finishes the steps of one device over what start-up built: the model, its
     KV caches, the persistent request rows (batch), the static step buffers and, on CUDA, the
     captured decode graphs (None = always eager) with their processor/logprobs graphs.
-    `info` is the handshake answer."""
+    `info` is the handshake answer. drafter: speculative decoding's draft model (spec_draft.py;
+    start-up sets it), None without one."""
+
+    drafter: DraftProposer | None = None
 
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[KVCache], batch: InputBatch,
                  buffers: StepBuffers, limits: StepLimits, info: ExecutorInfo,
@@ -127,13 +131,15 @@ class ModelRunner:
             step = self._prepare(scheduled)
             spec = None if scheduled.drafts is None else prepare_verify(
                 self.batch, self.buffers, scheduled, plan.draft_token_ids, step.sample_rows)
-            shape = self.graphs.shape_for(step) if self._graphs_on and spec is None else None
+            shape = self.graphs.shape_for(step, spec is not None) if self._graphs_on else None
             timer = StepTimer(self.device, self._stream)
             timer.mark()  # the step's start on the device: before its input copies
             attn = self._copy_inputs(step, shape)
             out.prepare_us = int((time.perf_counter() - t0) * 1e6)
             out.graph_size = shape.num_tokens if shape is not None else 0  # decode: = its batch
             timer.mark()
+            if self.drafter is not None:  # draft model: its KV catches up, verify rows get drafts
+                self.drafter.propose(scheduled, spec, parity, self.buffers.input_ids.gpu)
             logits, hidden = self._forward(step, attn, shape)  # [N, V]; [T, H] when eager
             timer.mark()
             sampled_host = self._sampled_host[parity][:step.num_sample]
@@ -141,7 +147,7 @@ class ModelRunner:
             if step.num_sample:
                 decode_size = shape.num_reqs if shape is not None and shape.decode else 0
                 handle.logprobs = self._sample(step, logits, sampled_host, decode_size)
-            if spec is not None:  # verify steps run eagerly: the hidden states are there
+            if spec is not None:  # verify steps: eager, or a mixed graph (its hidden states)
                 handle.verify = self._verify(spec, hidden)
             if step.prompt_logprobs is not None:
                 handle.prompt_logprobs = prompt_logprobs(self.model.compute_logits, hidden,
@@ -235,14 +241,16 @@ class ModelRunner:
     def _forward(self, step: PreparedStep, attn: AttentionMetadata,
                  shape: GraphShape | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """([N, V] logits of the sampled rows, [T, H] hidden states or None): the graph of
-        `shape` replayed (no hidden states), or eagerly (shape None)."""
+        `shape` replayed (a mixed graph's hidden states, none of a decode graph), or eagerly
+        (shape None)."""
         if shape is not None:
             logits = self.graphs.replay(shape)  # [B, V] model dtype: the sampler reads it once
             if shape.decode and step.num_sample == step.num_reqs:  # every row samples: row i
                 return logits[:step.num_sample], None
             if shape.decode:  # row i = request i; some rows (1-token prefill chunks) do not sample
                 return logits[attn.logits_indices], None
-            return logits[:step.num_sample], None  # row i = token logits_indices[i]
+            # row i = token logits_indices[i]
+            return logits[:step.num_sample], self.graphs.hidden[:step.num_tokens]
         t = step.num_tokens
         tokens = self.buffers.input_tokens(self.batch.last_sampled_gpu, t)  # [T] int64
         hidden = self.model(tokens, self.buffers.positions.gpu[:t], attn, self.kv_caches)  # [T, H]

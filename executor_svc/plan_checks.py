@@ -61,7 +61,12 @@ def _check_drafts(plan: StepPlan, rows: np.ndarray, n: np.ndarray, batch: InputB
     num_cached = len(plan.cached_requests.req_ids)
     d = np.zeros(num_cached, dtype=np.int64)
     counts = np.asarray(plan.num_draft_tokens, dtype=np.int64).reshape(-1)
-    if len(counts) > num_cached or (counts < 0).any() or int(counts.sum()) != len(plan.draft_token_ids):
+    if len(counts) > num_cached or (counts < 0).any():
+        raise PlanError(f"num_draft_tokens {list(counts[:8])} do not fit {num_cached} cached rows")
+    if info.draft_model_path and plan.draft_token_ids:  # its draft model proposes (spec_draft.py)
+        raise PlanError("draft_token_ids sent to an executor with a draft model: its plans carry "
+                        "num_draft_tokens only")
+    if not info.draft_model_path and int(counts.sum()) != len(plan.draft_token_ids):
         raise PlanError(f"num_draft_tokens {list(counts[:8])} (for {num_cached} cached rows) do not "
                         f"match {len(plan.draft_token_ids)} draft_token_ids")
     d[:len(counts)] = counts

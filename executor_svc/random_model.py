@@ -29,6 +29,10 @@ SHAPES: dict[str, dict] = {
                        num_key_value_heads=2, head_dim=32, intermediate_size=128, vocab_size=512),
     "demo": dict(arch="llama", hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
                  num_key_value_heads=4, intermediate_size=512, vocab_size=1024),
+    # SmolLM2-135M's body with llama-1b's vocabulary (and so its tokenizer): a draft model for it
+    "smollm2-135m-draft": dict(arch="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                               num_key_value_heads=3, intermediate_size=1536, vocab_size=128256,
+                               tie_word_embeddings=True, rope_theta=100000.0),
     "llama-1b": dict(arch="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
                      num_key_value_heads=8, intermediate_size=8192, vocab_size=128256,
                      tie_word_embeddings=True, rope_theta=500000.0),

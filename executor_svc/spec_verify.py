@@ -13,7 +13,8 @@ hash (kernels/reference.py uniform_noise, Gumbel-max): replayable from (seed, po
 The row answers its accepted drafts and that one token. Its num_computed was advanced over all
 1 + d tokens at launch; the rejected drafts' slots are given back when the step is finished
 (Rollbacks, applied at the next launch: the scheduler plans the row again only after it has
-this step's result). Verify steps run eagerly (no CUDA graph) for now.
+this step's result). Verify steps replay mixed CUDA graphs (cuda_graphs.py: their hidden
+states are kept) or run eagerly when larger than the largest.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def prepare_verify(batch: InputBatch, buf: StepBuffers, sched: Scheduled, draft_
                    sample_rows: np.ndarray) -> VerifyRows:
     """Writes the drafts of the verify rows (sched.drafts [B] > 0, plan order) into the host
     input buffers (the row's first token is its last sample, the rest its drafts); call after
-    prepare_step, before the copy to the device."""
+    prepare_step, before the copy to the device. No draft_token_ids (a draft model proposes,
+    spec_draft.py): the drafts are written on the device later, and draft_ids with them."""
     rows, counts, num_drafts = sched.rows, sched.counts, sched.drafts
     device = batch.last_sampled_gpu.device
     idx = np.flatnonzero(num_drafts)
@@ -96,8 +98,11 @@ def prepare_verify(batch: InputBatch, buf: StepBuffers, sched: Scheduled, draft_
     use_last[cu[idx] - 1] = False
     use_last[offsets] = starts >= batch.num_known[vrows]
     ends = np.cumsum(d)
-    for off, n, end in zip(offsets.tolist(), d.tolist(), ends.tolist()):
-        ids[off + 1:off + 1 + n] = drafts[end - n:end]
+    if len(drafts):
+        for off, n, end in zip(offsets.tolist(), d.tolist(), ends.tolist()):
+            ids[off + 1:off + 1 + n] = drafts[end - n:end]
+    else:
+        drafts = np.zeros(int(ends[-1]), dtype=np.int64)  # placeholders until the draft model runs
     rep = np.repeat(np.arange(len(idx)), d)
     within = np.arange(int(ends[-1])) - np.repeat(ends - d, d)
     token_index = offsets[rep] + within
@@ -111,8 +116,9 @@ def prepare_verify(batch: InputBatch, buf: StepBuffers, sched: Scheduled, draft_
     position_of = {int(r): i for i, r in enumerate(sample_rows.tolist())}
     sample_index = np.array([position_of[int(r)] for r in vrows], dtype=np.int64)
 
-    def t(a) -> torch.Tensor:
-        return torch.as_tensor(np.ascontiguousarray(a)).to(device)
+    def t(a) -> torch.Tensor:  # CUDA: pinned + non-blocking (a pageable copy would sync the stream)
+        host = torch.as_tensor(np.ascontiguousarray(a))
+        return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
     return VerifyRows([batch.states[int(r)] for r in vrows], sample_index, d, t(token_index),
                       t(drafts), tuple(t(p) for p in params), t(pad_index), t(valid), t(vrows))

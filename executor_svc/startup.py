@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from executor_svc import kv_cache, loader, model_checks, model_source
+from executor_svc import draft_model, kv_cache, loader, model_checks, model_source
 from executor_svc.attention import AttentionMetadata
 from executor_svc.config import ExecutorConfig
 from executor_svc.cuda_graphs import GraphRunner
@@ -25,6 +25,7 @@ from executor_svc.parallel.state import SINGLE, TensorParallel
 from executor_svc.quantization import fp8
 from executor_svc.sampler_graphs import SamplerGraphs
 from executor_svc.sampling_rows import SamplingRows
+from executor_svc.spec_draft import DraftProposer
 from executor_svc.step_buffers import StepBuffers
 from executor_svc.step_inputs import StepLimits
 from step_protocol.domain import ExecutorInfo
@@ -51,6 +52,9 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRu
     # off for FP8 projections (the skinny kernels read dense weights)
     model.skinny_max_tokens = config.skinny_max_tokens if device.type == "cuda" and not fp8.is_fp8(model) else 0
     log.info("loaded %s in %.2f s", model_path, time.perf_counter() - t0)
+    draft = draft_path = None
+    if config.speculative_model:  # speculative decoding's draft model (spec_draft.py)
+        draft, draft_path = draft_model.load_draft(config, model, model_path, max_model_len, tp.size)
     args = model.args
     limits = StepLimits(config.block_size, max_model_len, config.max_num_seqs,
                         config.max_num_batched_tokens)
@@ -61,12 +65,18 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRu
                             MAX_MIN_TOKENS_STOP_IDS, device)
     batch = InputBatch(config.max_num_seqs, max_blocks_per_seq, device, sampling)
     buffers = StepBuffers(config.max_num_seqs, config.max_num_batched_tokens, max_blocks_per_seq, device)
-    num_blocks = tp.min_over_ranks(measure_num_blocks(config, model, limits))
+    num_blocks = tp.min_over_ranks(measure_num_blocks(config, model, limits, draft))
     cache_dtype = kv_cache.cache_dtype(config.kv_cache_dtype, dtype)
     scales = kv_cache.checkpoint_scales(config.kv_cache_dtype, model.kv_scales, dtype)
     kv_caches = kv_cache.allocate_kv_caches(model.cache_args, num_blocks, config.block_size, cache_dtype, device,
                                             scales)
-    log.info("KV cache: %d blocks of %d tokens, %s", num_blocks, config.block_size, cache_dtype)
+    log.info("KV cache: %d blocks of %d tokens, %s%s", num_blocks, config.block_size, cache_dtype,
+             " (target and draft model)" if draft is not None else "")
+    drafter = None
+    if draft is not None:  # the same block ids and size as the target's: it reuses its block tables
+        draft_scales = kv_cache.checkpoint_scales(config.kv_cache_dtype, draft.kv_scales, dtype)
+        drafter = DraftProposer(draft, kv_cache.allocate_kv_caches(
+            draft.cache_args, num_blocks, config.block_size, cache_dtype, device, draft_scales), batch, limits)
     graphs = sampler_graphs = None
     if config.use_cuda_graphs:
         graphs = GraphRunner(model, buffers, kv_caches, batch.last_sampled_gpu, config.cuda_graph_sizes,
@@ -80,18 +90,23 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRu
         cuda_graph_sizes=tuple(graphs.sizes) if graphs else (), max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens, device=device.type, dtype=config.dtype,
         max_logprobs=max_logprobs, max_logit_bias=MAX_LOGIT_BIAS,
-        max_min_tokens_stop_ids=MAX_MIN_TOKENS_STOP_IDS)
+        max_min_tokens_stop_ids=MAX_MIN_TOKENS_STOP_IDS, draft_model_path=str(draft_path or ""))
     if tp.size == 1:
-        return ModelRunner(model, kv_caches, batch, buffers, limits, info, graphs, sampler_graphs)
+        runner = ModelRunner(model, kv_caches, batch, buffers, limits, info, graphs, sampler_graphs)
+        runner.drafter = drafter
+        return runner
     from executor_svc.parallel.runner import TensorParallelRunner
 
     return TensorParallelRunner(model, kv_caches, batch, buffers, limits, info, graphs, sampler_graphs).attach(tp)
 
 
-def measure_num_blocks(config: ExecutorConfig, model: LlamaForCausalLM, limits: StepLimits) -> int:
+def measure_num_blocks(config: ExecutorConfig, model: LlamaForCausalLM, limits: StepLimits,
+                       draft: LlamaForCausalLM | None = None) -> int:
     """KV blocks that fit: --num-kv-blocks if set; on CPU --cpu-kv-cache-gib; on CUDA the free
     memory under --gpu-memory-utilization minus the activation peak of the largest step. Blocks
-    are sized in the cache's dtype (--kv-cache-dtype fp8: 1 byte per element)."""
+    are sized in the cache's dtype (--kv-cache-dtype fp8: 1 byte per element); with a draft
+    model a block is the target's plus the draft's (both caches have every block), and the
+    peak is the larger of the two models' (they run one after the other)."""
     if config.num_kv_blocks:
         return config.num_kv_blocks
     device, dtype = torch.device(config.device), getattr(torch, config.dtype)
@@ -99,9 +114,9 @@ def measure_num_blocks(config: ExecutorConfig, model: LlamaForCausalLM, limits: 
     if device.type != "cuda":
         budget = int(config.cpu_kv_cache_gib * (1 << 30))
     else:
-        budget = kv_cache.cuda_kv_budget(device, config.gpu_memory_utilization,
-                                         profile_run(model, limits, device, cache_dtype))
-    num_blocks = kv_cache.num_blocks_from_budget(budget, model.cache_args, limits.block_size, cache_dtype)
+        peak = max(profile_run(m, limits, device, cache_dtype) for m in (model, draft) if m is not None)
+        budget = kv_cache.cuda_kv_budget(device, config.gpu_memory_utilization, peak)
+    num_blocks = max(0, int(budget) // draft_model.kv_block_bytes(config, model, draft))
     if num_blocks < 2:
         raise RuntimeError(f"no memory left for the KV cache (budget {budget} bytes)")
     return num_blocks

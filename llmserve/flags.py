@@ -6,6 +6,8 @@ to the service that has it. The limits (--max-num-seqs, --max-num-batched-tokens
 executor's handshake. A flag is passed on only when given, so a service's own default and its
 LLMSERVE_EXECUTOR_<FLAG> / LLMSERVE_SCHEDULER_<FLAG> variable stay in charge of the rest;
 --executor-args / --scheduler-args are appended last (given both ways, theirs wins).
+--speculative-config goes to the scheduler, and to the executor too when it names a draft
+model (the executor loads and runs the draft).
 
 Secrets never go into a child's argv (any local user sees it in ps): the API key reaches the
 scheduler as LLMSERVE_SCHEDULER_API_KEY, the internal token both as LLMSERVE_INTERNAL_TOKEN.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import sys
 
@@ -92,7 +95,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     add(a, "--enable-prefix-caching", True, "reuse the KV blocks of prompt prefixes already computed",
         action=argparse.BooleanOptionalAction)
     add(a, "--speculative-config", "", "speculative decoding, vLLM's JSON, e.g. '{\"method\": \"ngram\", "
-        "\"num_speculative_tokens\": 4}' (n-gram prompt lookup); '' = off")
+        "\"num_speculative_tokens\": 4}' (n-gram prompt lookup) or '{\"model\": \"/path/draft\", "
+        "\"num_speculative_tokens\": 4}' (a draft model sharing the target's tokenizer, also passed "
+        "to the executor, which runs it); '' = off")
     add(a, "--scheduler-args", "", "more scheduler flags, e.g. '--max-waiting 512' (llmserve-scheduler --help)")
     return p
 
@@ -129,7 +134,10 @@ def commands(args: argparse.Namespace, http_api: bool | None = None) -> tuple[li
     """(executor argv, scheduler argv) for `args` (from parse_args). `http_api`: whether the
     scheduler has --http-port (None = ask it)."""
     executor = [sys.executable, "-m", "executor_svc", "--host", "127.0.0.1", "--port", str(args.executor_port),
-                *_passed_on(args, EXECUTOR_FLAGS), *shlex.split(args.executor_args)]
+                *_passed_on(args, EXECUTOR_FLAGS)]
+    if "speculative_config" in args.given and names_draft_model(args.speculative_config):
+        executor += ["--speculative-config", args.speculative_config]  # the executor loads the draft
+    executor += shlex.split(args.executor_args)
     scheduler = [sys.executable, "-m", "scheduler_svc", "--host", args.host, "--port", str(args.port),
                  "--executor-address", f"127.0.0.1:{args.executor_port}"]
     if scheduler_has_http_api() if http_api is None else http_api:
@@ -138,6 +146,17 @@ def commands(args: argparse.Namespace, http_api: bool | None = None) -> tuple[li
         print("llmserve: this scheduler has no HTTP API; --http-port is ignored", file=sys.stderr, flush=True)
     scheduler += [*_passed_on(args, SCHEDULER_FLAGS), *shlex.split(args.scheduler_args)]
     return executor, scheduler
+
+
+def names_draft_model(text: str) -> bool:
+    """Whether a --speculative-config asks for a draft model (method draft_model, or a "model"
+    without a method, as vLLM infers): then the executor needs it too (it loads the draft).
+    Anything unreadable goes to the scheduler alone, which refuses it with the reason."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(raw, dict) and raw.get("method", "draft_model" if "model" in raw else "ngram") == "draft_model"
 
 
 def services_env(base, token: str) -> dict[str, str]:

@@ -24,8 +24,9 @@ class SchedulerConfig:
     # Automatic prefix caching (vLLM's name): requests whose prompts start alike share the KV
     # blocks of that prefix instead of computing it again (docs/scheduler.md).
     enable_prefix_caching: bool = True
-    # Speculative decoding, vLLM's --speculative-config JSON (method "ngram" only: prompt
-    # lookup, docs/scheduler.md "Speculative decoding"); "" = off.
+    # Speculative decoding, vLLM's --speculative-config JSON (method "ngram": prompt lookup, or
+    # "draft_model": the executor's draft model proposes; docs/scheduler.md "Speculative
+    # decoding"); "" = off.
     speculative_config: str = ""
     # Requests allowed to wait for admission; beyond, new requests get RESOURCE_EXHAUSTED.
     max_waiting: int = 4096
@@ -123,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                    default=_env("SPECULATIVE_CONFIG", d.speculative_config),
                    help="speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", "
                         "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, "
-                        "\"prompt_lookup_min\": 2}' (n-gram prompt lookup only; default off)")
+                        "\"prompt_lookup_min\": 2}' (n-gram prompt lookup) or '{\"model\": \"/draft\", "
+                        "\"num_speculative_tokens\": 4}' (draft model: the executor must have it "
+                        "too); default off")
     p.add_argument("--max-waiting", type=int, default=_env("MAX_WAITING", d.max_waiting))
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    default=_env("OVERLAP", d.overlap),

@@ -95,7 +95,7 @@ def info_to_pb(info: ExecutorInfo) -> pb.ExecutorInfo:
         cuda_graph_sizes=list(info.cuda_graph_sizes), max_num_seqs=info.max_num_seqs,
         max_num_batched_tokens=info.max_num_batched_tokens, device=info.device, dtype=info.dtype,
         max_logprobs=info.max_logprobs, max_logit_bias=info.max_logit_bias,
-        max_min_tokens_stop_ids=info.max_min_tokens_stop_ids)
+        max_min_tokens_stop_ids=info.max_min_tokens_stop_ids, draft_model_path=info.draft_model_path)
 
 
 def info_from_pb(m: pb.ExecutorInfo) -> ExecutorInfo:
@@ -106,7 +106,7 @@ def info_from_pb(m: pb.ExecutorInfo) -> ExecutorInfo:
         cuda_graph_sizes=tuple(m.cuda_graph_sizes), max_num_seqs=m.max_num_seqs,
         max_num_batched_tokens=m.max_num_batched_tokens, device=m.device, dtype=m.dtype,
         max_logprobs=m.max_logprobs, max_logit_bias=m.max_logit_bias,
-        max_min_tokens_stop_ids=m.max_min_tokens_stop_ids)
+        max_min_tokens_stop_ids=m.max_min_tokens_stop_ids, draft_model_path=m.draft_model_path)
 
 
 def _sampler_to_pb(p: SamplerParams) -> pb.SamplerParams:

@@ -102,6 +102,15 @@ class CachedRequestData:
         return len(self.req_ids)
 
 
+class DraftSlots(list):
+    """d drafts that the executor's draft model proposes (speculative decoding, method
+    draft_model): the scheduler knows only how many, so the list holds d placeholders (0) and
+    a plan carries its length alone (num_draft_tokens, no draft_token_ids)."""
+
+    def __init__(self, count: int):
+        super().__init__([0] * count)
+
+
 @dataclass
 class StepPlan:
     """The plan of one step, as the scheduler decided it and the executor runs it."""
@@ -120,10 +129,12 @@ class StepPlan:
     draft_token_ids: list[int] = field(default_factory=list)
 
     def add_drafts(self, draft_token_ids: list[int]) -> None:
-        """Gives the cached row appended last these drafts."""
+        """Gives the cached row appended last these drafts (DraftSlots: their count only, the
+        executor's draft model proposes them)."""
         self.num_draft_tokens += [0] * (len(self.cached_requests) - 1 - len(self.num_draft_tokens))
         self.num_draft_tokens.append(len(draft_token_ids))
-        self.draft_token_ids.extend(draft_token_ids)
+        if not isinstance(draft_token_ids, DraftSlots):
+            self.draft_token_ids.extend(draft_token_ids)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -233,3 +244,5 @@ class ExecutorInfo:
     max_logprobs: int = 20  # most top alternatives per position (logprobs, prompt_logprobs)
     max_logit_bias: int = 300  # most logit_bias entries per request
     max_min_tokens_stop_ids: int = 64  # most ids min_tokens may mask per request
+    # speculative decoding's draft model (executor_svc/spec_draft.py): its folder; "" = none
+    draft_model_path: str = ""

@@ -175,3 +175,14 @@ def test_speculative_config_goes_to_the_scheduler_as_one_argument():
     i = scheduler.index("--speculative-config")
     assert scheduler[i + 1] == spec and "--speculative-config" not in executor
     assert "--speculative-config" not in commands(parse_args([]), http_api=False)[1]
+
+
+def test_a_draft_model_config_goes_to_both_services():
+    spec = '{"model": "/m/draft", "num_speculative_tokens": 4}'
+    executor, scheduler = commands(parse_args(["--speculative-config", spec]), http_api=False)
+    assert executor[-2:] == ["--speculative-config", spec]
+    assert scheduler[scheduler.index("--speculative-config") + 1] == spec
+    assert ExecutorConfig.from_args(executor[3:] + ["--device", "cpu"]).speculative_model == "/m/draft"
+    ngram = '{"method": "ngram", "num_speculative_tokens": 4}'
+    assert "--speculative-config" not in commands(parse_args(["--speculative-config", ngram]), http_api=False)[0]
+    assert "--speculative-config" not in commands(parse_args(["--speculative-config", "{bad"]), http_api=False)[0]

@@ -115,6 +115,7 @@ class Request:
         self.draft_token_ids: list[int] = []
         self.spec_eligible: bool | None = None
         self.ngram_index: Any = None
+        self.spec_gate: Any = None  # spec_gate.GateState, made on first use
 
     @property
     def wants_prompt_logprobs(self) -> bool:

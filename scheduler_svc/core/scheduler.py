@@ -20,6 +20,7 @@ from .outputs import RequestOutput
 from .request import FinishReason, Request, RequestStatus
 from .samples import HeldSamples
 from .spec_decode import SpecDecoder, tokens_output
+from .spec_gate import SpecSteps
 from .stop import StopStringMatcher, length_reached
 from .tokenizer import Tokenizer
 
@@ -53,6 +54,7 @@ class Scheduler:
         self._finished_req_ids: list[int] = []  # for the next plan
         spec = config.speculative
         self.spec = SpecDecoder(spec, config.max_model_len, config.eos_token_ids) if spec else None
+        self.spec_steps = SpecSteps.for_config(spec, self.spec) if spec else None  # (spec_gate.py)
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -130,14 +132,15 @@ class Scheduler:
 
     def _schedule_running(self, out: StepPlan, budget: int) -> tuple[int, bool]:
         """Returns the budget left and whether waiting requests may be admitted this step."""
-        i = 0
+        i, spec, num_running = 0, self.spec_steps, len(self.running)
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new_tokens = self._num_new_tokens(request, budget, request.num_computed_tokens)
-            if num_new_tokens == 0:  # finishes once its token in flight arrives
+            speculate = spec is not None and spec.speculates(request, num_running)  # waits, then drafts
+            num_new_tokens = self._num_new_tokens(request, budget, request.num_computed_tokens, speculate)
+            if num_new_tokens == 0:  # finishes once its token in flight arrives (or speculates)
                 i += 1
                 continue
-            drafts = self.spec.propose(request, budget - num_new_tokens) if self.spec else []
+            drafts = spec.propose(request, budget - num_new_tokens) if speculate else []
             num_new_tokens += len(drafts)  # a verify row: its last token, then the drafts
             if not self._make_room(request, num_new_tokens, out):
                 request.draft_token_ids = []
@@ -195,11 +198,12 @@ class Scheduler:
             budget -= num_new_tokens
             self.held.release(request, self.waiting)  # its prefix hit may cover its prompt
 
-    def _num_new_tokens(self, request: Request, budget: int, num_computed_tokens: int) -> int:
+    def _num_new_tokens(self, request: Request, budget: int, num_computed_tokens: int,
+                        speculate: bool = False) -> int:
         """The one rule: catch computed tokens up with all tokens, within the limits."""
         if length_reached(request, self.config.max_model_len, request.num_pending_tokens):
             return 0  # its last token is in flight: it will finish whatever the token is
-        if self.spec is not None and request.num_pending_tokens:
+        if speculate and request.num_pending_tokens:
             return 0  # speculating: its next drafts need the tokens in flight (docs/scheduler.md)
         num_new_tokens = request.num_tokens_with_pending - num_computed_tokens
         if self.config.long_prefill_token_threshold > 0:
@@ -244,7 +248,7 @@ class Scheduler:
         outputs, missing = [], []
         counts = [r.num_scheduled_tokens for r in output.new_requests]
         counts += output.cached_requests.num_scheduled_tokens
-        requests, spec, finished = self.requests, self.spec, RequestStatus.FINISHED  # (per row)
+        requests, spec, finished = self.requests, self.spec_steps, RequestStatus.FINISHED  # (per row)
         for req_id, num_tokens in zip(output.scheduled_req_ids, counts):
             request = requests[req_id]
             # Steps in flight add a pending token at most, non-sampling ones (chunks) first:

@@ -1,7 +1,9 @@
 """Speculative decoding on the scheduler side (no torch): the n-gram (prompt lookup) proposer,
 how many drafts a request may verify in a step, and settling a verify step's result (the
 rejected drafts' slots go back, the acceptance counters). See docs/scheduler.md,
-"Speculative decoding"; the executor verifies (executor_svc/spec_verify.py).
+"Speculative decoding"; the executor verifies (executor_svc/spec_verify.py). With method
+draft_model the executor's draft model proposes (executor_svc/spec_draft.py): the scheduler
+decides only how many drafts a row gets (DraftSlots).
 """
 
 from __future__ import annotations
@@ -10,25 +12,32 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
+from step_protocol.domain import DraftSlots, ExecutorInfo
+
 from .logprobs import StepLogprobs, StepResultError, token_output
 from .outputs import RequestOutput
 from .request import Request, RequestStatus
 
+METHODS = ("ngram", "draft_model")
+
 
 @dataclass(frozen=True)
 class SpecDecodeConfig:
-    """vLLM's --speculative-config fields this server implements (method "ngram" only)."""
+    """vLLM's --speculative-config fields this server implements (methods ngram, draft_model)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 0  # most drafts a request verifies per step
-    prompt_lookup_max: int = 0  # longest n-gram matched (tried first)
-    prompt_lookup_min: int = 0  # shortest n-gram matched
+    prompt_lookup_max: int = 0  # longest n-gram matched (tried first); ngram only
+    prompt_lookup_min: int = 0  # shortest n-gram matched; ngram only
+    model: str = ""  # draft_model: the draft's folder or GGUF (loaded by the executor)
+    disable_by_batch_size: int = 0  # nobody speculates with more running requests (0 = never)
 
 
 def parse_speculative_config(text: str) -> SpecDecodeConfig | None:
     """The --speculative-config JSON (vLLM's meaning); "" = off. ValueError for anything
-    else than a valid n-gram config. As in vLLM, a missing lookup bound takes the other's
-    value, and both missing are 5."""
+    else than a valid n-gram or draft-model config. As in vLLM, the method is draft_model
+    when "model" is given without one (else ngram), and for ngram a missing lookup bound takes
+    the other's value, both missing 5."""
     if not text.strip():
         return None
     try:
@@ -41,11 +50,12 @@ def parse_speculative_config(text: str) -> SpecDecodeConfig | None:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"unsupported fields {unknown} (supported: {sorted(known)})")
-    method = raw.get("method", "ngram")
-    if method not in ("ngram", "[ngram]"):
-        raise ValueError(f"method {method!r}: only 'ngram' (prompt lookup) is implemented")
+    method = raw.get("method", "draft_model" if "model" in raw else "ngram")
+    method = "ngram" if method == "[ngram]" else method
+    if method not in METHODS:
+        raise ValueError(f"method {method!r}: only 'ngram' (prompt lookup) and 'draft_model' are implemented")
     values = {}
-    for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+    for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"):
         value = raw.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -53,10 +63,33 @@ def parse_speculative_config(text: str) -> SpecDecodeConfig | None:
     k, lo, hi = values["num_speculative_tokens"], values["prompt_lookup_min"], values["prompt_lookup_max"]
     if k is None:
         raise ValueError("num_speculative_tokens is required")
+    if method == "draft_model":
+        model = raw.get("model")
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError(f"method draft_model needs \"model\": the draft's folder or GGUF file, got {model!r}")
+        if lo is not None or hi is not None:
+            raise ValueError("prompt_lookup_min / prompt_lookup_max apply to method ngram only")
+        return SpecDecodeConfig("draft_model", k, model=model,
+                                disable_by_batch_size=values["disable_by_batch_size"] or 0)
+    if "model" in raw:
+        raise ValueError("\"model\" applies to method draft_model only")
     lo, hi = (lo or hi or 5), (hi or lo or 5)
     if lo > hi:
         raise ValueError(f"prompt_lookup_min {lo} > prompt_lookup_max {hi}")
-    return SpecDecodeConfig("ngram", k, hi, lo)
+    return SpecDecodeConfig("ngram", k, hi, lo, disable_by_batch_size=values["disable_by_batch_size"] or 0)
+
+
+def check_executor(config: SpecDecodeConfig | None, info: ExecutorInfo) -> None:
+    """At the handshake: ValueError when the speculation asked for does not match the
+    executor (draft_model needs an executor with a draft model; one that has a draft model
+    proposes the drafts itself, so it takes no n-gram drafts)."""
+    method = config.method if config is not None else None
+    if method == "draft_model" and not info.draft_model_path:
+        raise ValueError("--speculative-config method draft_model: the executor has no draft model "
+                         "(start it with the same --speculative-config, naming the draft's \"model\")")
+    if method == "ngram" and info.draft_model_path:
+        raise ValueError(f"--speculative-config method ngram: the executor proposes with its draft model "
+                         f"{info.draft_model_path} (use method draft_model, or start it without one)")
 
 
 class NgramIndex:
@@ -155,6 +188,9 @@ class SpecDecoder:
                 self.max_model_len - request.num_tokens - 1)
         if k <= 0 or not self.eligible(request):
             return []
+        if self.config.method == "draft_model":  # the executor's draft model proposes them
+            request.draft_token_ids = DraftSlots(k)
+            return request.draft_token_ids
         index = request.ngram_index
         if index is None:
             index = request.ngram_index = NgramIndex(self.config.prompt_lookup_min,
@@ -174,7 +210,8 @@ class SpecDecoder:
             return len(drafts)
         token_ids = [token_ids] if isinstance(token_ids, int) else token_ids
         accepted = len(token_ids) - 1
-        if not 0 <= accepted <= len(drafts) or token_ids[:accepted] != drafts[:accepted]:
+        known = not isinstance(drafts, DraftSlots)  # draft_model: only their count is known here
+        if not 0 <= accepted <= len(drafts) or (known and token_ids[:accepted] != drafts[:accepted]):
             raise StepResultError(f"request {request.req_id}: tokens {token_ids} do not extend "
                                   f"an accepted prefix of its drafts {drafts}")
         rejected = len(drafts) - accepted

@@ -22,7 +22,7 @@ from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.samples import sample_requests
 from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig, StepResultError
-from scheduler_svc.core.spec_decode import parse_speculative_config
+from scheduler_svc.core.spec_decode import check_executor, parse_speculative_config
 from scheduler_svc.core.tokenizer import Tokenizer
 from scheduler_svc.engine.executor_client import ExecutorClient, ExecutorUnavailable
 from scheduler_svc.engine.stats import EngineStats, StatsLogger
@@ -38,7 +38,11 @@ log = logging.getLogger("llmserve.engine_core")
 
 
 def core_config(config: SchedulerConfig, info: ExecutorInfo) -> SchedulerCoreConfig:
-    """The scheduler core's limits: the executor's, optionally lowered by flags."""
+    """The scheduler core's limits: the executor's, optionally lowered by flags. ValueError
+    when the speculation asked for does not match the executor (spec_decode.check_executor)."""
+    speculative = parse_speculative_config(config.speculative_config)
+    check_executor(speculative, info)
+
     def lower(flag: int, executor_value: int) -> int:
         return min(flag, executor_value) if flag > 0 else executor_value
 
@@ -50,7 +54,7 @@ def core_config(config: SchedulerConfig, info: ExecutorInfo) -> SchedulerCoreCon
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         eos_token_ids=tuple(info.eos_token_ids),
         enable_prefix_caching=config.enable_prefix_caching,
-        speculative=parse_speculative_config(config.speculative_config),
+        speculative=speculative,
     )
 
 

@@ -42,3 +42,23 @@ def test_compare_reports_mismatches():
     assert spec_bench._compare([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == dict(
         equal=False, mismatched_requests=1, first_mismatch_position=1)
     assert spec_bench.rows({}) == []
+
+
+def test_spec_bench_draft_model_mode_on_cpu(model_dirs, tmp_path):  # noqa: F811
+    """The draft-model mode: the target's own folder as its draft, so every draft is accepted;
+    the report labels its rows apart from the n-gram ones."""
+    out: dict = {}
+    passage = "one two three four five six seven."
+    folder = model_dirs["llama"]
+    spec_bench.run(out, tmp_path, folder, "cpu", passage=passage, max_tokens=24, batches=(1, 2), draft=folder)
+    json.dumps(out)
+    assert out["config"]["method"] == "draft_model" and out["config"]["draft"] == str(folder)
+    for key in ("b1", "b2"):
+        on = out["on"][key]
+        assert set(on) == FIGURES and on["tokens"] == 24 * on["batch"]
+        assert on["num_draft_tokens"] > 0 and on["num_accepted_tokens"] == on["num_draft_tokens"]
+        assert on["acceptance_rate"] == 1.0 and on["steps"] < out["off"][key]["steps"]
+        assert out["outputs"][key]["equal"]
+    rows = spec_bench.rows({"draft_model": out})
+    assert len(rows) == 4 and rows[0][0] == "Spec draft-model (SmolLM2-135M shape -> llama-1b shape, random) b=1 TPOT on / off"
+    assert "rate 100%" in rows[0][2] and "greedy outputs equal" in rows[0][2]

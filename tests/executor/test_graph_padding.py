@@ -80,7 +80,8 @@ def test_use_graphs_switches_between_replay_and_eager(model_dirs, hf_models):
 def test_mixed_steps_replay_padded_mixed_graphs_and_match_transformers(model_dirs, hf_models):
     """Chunked prefill, a prefill beside decode rows and admissions mid-stream, each through a
     mixed graph of the next token count up (8 rows: every padded request and token harmless);
-    pure decode through the decode graphs; prompt logprobs and steps past 64 tokens eagerly."""
+    pure decode through the decode graphs; prompt logprobs through a mixed graph (its hidden
+    states), equal to eager; steps past 64 tokens eagerly."""
     runner = runner_with_eager_graphs(model_dirs["tiny-qwen2"], (1, 2, 4, 8), (16, 32, 64))
     greedy = SamplerParams()
     long_prompt = list(range(3, 80))  # 77 tokens
@@ -108,6 +109,37 @@ def test_mixed_steps_replay_padded_mixed_graphs_and_match_transformers(model_dir
         assert tokens == hf_greedy(hf_models["tiny-qwen2"], prompts[r], len(tokens)), r
     assert [len(got[r]) for r in (1, 2, 3, 4)] == [8, 8, 7, 3]
 
-    logprobs = SamplerParams(prompt_logprobs=2)  # needs every token's hidden state: eager
+    # prompt logprobs need every token's hidden state: the mixed graph's buffer of them
+    logprobs = SamplerParams(prompt_logprobs=2)
     out = runner.execute(StepPlan(10, [NewRequestData(5, PROMPTS[2], logprobs, [40, 41], 0, 5)]))
-    assert out.graph_size == 0 and out.prompt_logprobs is not None
+    runner.use_graphs(False)
+    eager = runner.execute(StepPlan(11, [NewRequestData(6, PROMPTS[2], logprobs, [42, 43], 0, 5)]))
+    runner.use_graphs(True)
+    assert (out.graph_size, eager.graph_size) == (16, 0) and out.token_ids == eager.token_ids
+    got, want = out.prompt_logprobs.values, eager.prompt_logprobs.values
+    assert out.prompt_logprobs.counts == [4] and got.token_ids == want.token_ids == PROMPTS[2][1:]
+    assert got.top_token_ids == want.top_token_ids and got.ranks == want.ranks
+    assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5)
+
+
+def test_verify_steps_replay_mixed_graphs_token_exact(model_dirs):
+    """Speculative verify rows through mixed graphs: the drafts' logits from the graph's
+    hidden-state buffer; greedy outputs equal those without speculation."""
+    from tests.integration.test_spec_decode import SPEC, generate, prompts_for
+
+    runner = runner_with_eager_graphs(model_dirs["tiny-llama"], (1, 2, 4, 8), (16, 32, 64))
+    sizes, launch = [], runner.launch
+
+    def recording(plan, *args, **kw):
+        handle = launch(plan, *args, **kw)
+        if plan.num_draft_tokens:
+            sizes.append(handle.out.graph_size)
+        return handle
+
+    prompts = prompts_for(runner.info().vocab_size)
+    reference, _ = generate(runner, prompts, None, depth=3)
+    runner.launch = recording
+    tokens, scheduler = generate(runner, prompts, SPEC, depth=3)
+    assert tokens == reference
+    assert 0 < scheduler.spec.stats.num_accepted_tokens < scheduler.spec.stats.num_draft_tokens
+    assert sizes and set(sizes) <= {16, 32, 64}, sizes  # every verify step replayed a mixed graph

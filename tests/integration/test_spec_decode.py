@@ -96,7 +96,12 @@ def test_budget_counts_drafts(runners):
     assert spec_tokens == reference
 
 
-def test_sampled_with_speculation_runs_and_is_replayable(runners):
+def test_sampled_with_speculation_runs_and_is_replayable(runners, monkeypatch):
+    from scheduler_svc.core import spec_gate
+
+    # random sampling on a random model makes proposals rare; keep every request speculating
+    # (the gate would stop them: tests/scheduler/core/test_spec_gate.py) to test the sampled path
+    monkeypatch.setattr(spec_gate, "MIN_ACCEPTED", 0.0)
     runner = runners["tiny-llama"]
     prompts = prompts_for(runner.info().vocab_size)
     a, s = generate(runner, prompts, SPEC, temperature=0.8, top_k=20)

@@ -96,7 +96,7 @@ def test_parse_speculative_config():
         SpecDecodeConfig("ngram", 3, 6, 6)
     assert parse_speculative_config('{"num_speculative_tokens": 3}') == SpecDecodeConfig("ngram", 3, 5, 5)
     for bad in ('{"method": "eagle", "num_speculative_tokens": 3}', '{"prompt_lookup_max": 3}',
-                '{"num_speculative_tokens": 0}', '{"num_speculative_tokens": 2, "model": "x"}',
+                '{"num_speculative_tokens": 0}', '{"method": "ngram", "num_speculative_tokens": 2, "model": "x"}',
                 '{"num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 3}',
                 '[1]', 'ngram'):
         with pytest.raises(ValueError):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*protos/llmserve/executor/v1/executor.proto\x12\x14llmserve.executor.v1\"\x12\n\x10HandshakeRequest\"\xde\x02\n\x0c\x45xecutorInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x12\n\nnum_blocks\x18\x06 \x01(\r\x12\x18\n\x10\x63uda_graph_sizes\x18\x07 \x03(\r\x12\x14\n\x0cmax_num_seqs\x18\x08 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\t \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\r\n\x05\x64type\x18\x0b \x01(\t\x12\x12\n\nmodel_path\x18\x0c \x01(\t\x12\x14\n\x0cmax_logprobs\x18\r \x01(\r\x12\x16\n\x0emax_logit_bias\x18\x0e \x01(\r\x12\x1f\n\x17max_min_tokens_stop_ids\x18\x0f \x01(\r\"\xc5\x02\n\rSamplerParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x02\x12\x1c\n\x14logit_bias_token_ids\x18\t \x03(\x05\x12\x19\n\x11logit_bias_values\x18\n \x03(\x02\x12\x12\n\nmin_tokens\x18\x0b \x01(\r\x12\x1b\n\x13min_tokens_stop_ids\x18\x0c \x03(\x05\x12\x10\n\x08logprobs\x18\r \x01(\x05\x12\x17\n\x0fprompt_logprobs\x18\x0e \x01(\x05\"\xd5\x01\n\nNewRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12;\n\x0esampler_params\x18\x03 \x01(\x0b\x32#.llmserve.executor.v1.SamplerParams\x12\x11\n\tblock_ids\x18\x04 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x05 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x06 \x01(\r\x12\x19\n\x11num_prompt_tokens\x18\x07 \x01(\r\"n\n\x0e\x43\x61\x63hedRequests\x12\x0f\n\x07req_ids\x18\x01 \x03(\x04\x12\x1c\n\x14num_scheduled_tokens\x18\x02 \x03(\r\x12\x16\n\x0enum_new_blocks\x18\x03 \x03(\r\x12\x15\n\rnew_block_ids\x18\x04 \x03(\x05\"\x80\x02\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x36\n\x0cnew_requests\x18\x02 \x03(\x0b\x32 .llmserve.executor.v1.NewRequest\x12=\n\x0f\x63\x61\x63hed_requests\x18\x03 \x01(\x0b\x32$.llmserve.executor.v1.CachedRequests\x12\x18\n\x10\x66inished_req_ids\x18\x04 \x03(\x04\x12\x19\n\x11preempted_req_ids\x18\x05 \x03(\x04\x12\x18\n\x10num_draft_tokens\x18\x07 \x03(\r\x12\x17\n\x0f\x64raft_token_ids\x18\x08 \x03(\x05J\x04\x08\x06\x10\x07\"|\n\x08Logprobs\x12\x0f\n\x07num_top\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\r\n\x05ranks\x18\x04 \x03(\r\x12\x15\n\rtop_token_ids\x18\x05 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x06 \x03(\x02\"z\n\x0ePromptLogprobs\x12\x0f\n\x07req_ids\x18\x01 \x03(\x04\x12\x17\n\x0f\x66irst_positions\x18\x02 \x03(\r\x12\x0e\n\x06\x63ounts\x18\x03 \x03(\r\x12.\n\x06values\x18\x04 \x01(\x0b\x32\x1e.llmserve.executor.v1.Logprobs\"\xe2\x02\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0f\n\x07req_ids\x18\x02 \x03(\x04\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x12\n\nprepare_us\x18\x04 \x01(\r\x12\x12\n\nforward_us\x18\x05 \x01(\r\x12\x11\n\tsample_us\x18\x06 \x01(\r\x12\x12\n\ngraph_size\x18\x07 \x01(\r\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x30\n\x08logprobs\x18\t \x01(\x0b\x32\x1e.llmserve.executor.v1.Logprobs\x12=\n\x0fprompt_logprobs\x18\n \x01(\x0b\x32$.llmserve.executor.v1.PromptLogprobs\x12\x11\n\tqueued_us\x18\x0b \x01(\r\x12\x11\n\tlaunch_us\x18\x0c \x01(\r\x12\x16\n\x0e\x64\x65vice_idle_us\x18\r \x01(\r\x12\x12\n\nnum_tokens\x18\x0e \x03(\r\"\x0e\n\x0cResetRequest\"\x0f\n\rResetResponse2\x86\x02\n\x08\x45xecutor\x12W\n\tHandshake\x12&.llmserve.executor.v1.HandshakeRequest\x1a\".llmserve.executor.v1.ExecutorInfo\x12O\n\x07\x45xecute\x12\x1e.llmserve.executor.v1.StepPlan\x1a .llmserve.executor.v1.StepResult(\x01\x30\x01\x12P\n\x05Reset\x12\".llmserve.executor.v1.ResetRequest\x1a#.llmserve.executor.v1.ResetResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*protos/llmserve/executor/v1/executor.proto\x12\x14llmserve.executor.v1\"\x12\n\x10HandshakeRequest\"\xf8\x02\n\x0c\x45xecutorInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x12\n\nnum_blocks\x18\x06 \x01(\r\x12\x18\n\x10\x63uda_graph_sizes\x18\x07 \x03(\r\x12\x14\n\x0cmax_num_seqs\x18\x08 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\t \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\r\n\x05\x64type\x18\x0b \x01(\t\x12\x12\n\nmodel_path\x18\x0c \x01(\t\x12\x14\n\x0cmax_logprobs\x18\r \x01(\r\x12\x16\n\x0emax_logit_bias\x18\x0e \x01(\r\x12\x1f\n\x17max_min_tokens_stop_ids\x18\x0f \x01(\r\x12\x18\n\x10\x64raft_model_path\x18\x10 \x01(\t\"\xc5\x02\n\rSamplerParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x02\x12\x1c\n\x14logit_bias_token_ids\x18\t \x03(\x05\x12\x19\n\x11logit_bias_values\x18\n \x03(\x02\x12\x12\n\nmin_tokens\x18\x0b \x01(\r\x12\x1b\n\x13min_tokens_stop_ids\x18\x0c \x03(\x05\x12\x10\n\x08logprobs\x18\r \x01(\x05\x12\x17\n\x0fprompt_logprobs\x18\x0e \x01(\x05\"\xd5\x01\n\nNewRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12;\n\x0esampler_params\x18\x03 \x01(\x0b\x32#.llmserve.executor.v1.SamplerParams\x12\x11\n\tblock_ids\x18\x04 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x05 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x06 \x01(\r\x12\x19\n\x11num_prompt_tokens\x18\x07 \x01(\r\"n\n\x0e\x43\x61\x63hedRequests\x12\x0f\n\x07req_ids\x18\x01 \x03(\x04\x12\x1c\n\x14num_scheduled_tokens\x18\x02 \x03(\r\x12\x16\n\x0enum_new_blocks\x18\x03 \x03(\r\x12\x15\n\rnew_block_ids\x18\x04 \x03(\x05\"\x80\x02\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x36\n\x0cnew_requests\x18\x02 \x03(\x0b\x32 .llmserve.executor.v1.NewRequest\x12=\n\x0f\x63\x61\x63hed_requests\x18\x03 \x01(\x0b\x32$.llmserve.executor.v1.CachedRequests\x12\x18\n\x10\x66inished_req_ids\x18\x04 \x03(\x04\x12\x19\n\x11preempted_req_ids\x18\x05 \x03(\x04\x12\x18\n\x10num_draft_tokens\x18\x07 \x03(\r\x12\x17\n\x0f\x64raft_token_ids\x18\x08 \x03(\x05J\x04\x08\x06\x10\x07\"|\n\x08Logprobs\x12\x0f\n\x07num_top\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\r\n\x05ranks\x18\x04 \x03(\r\x12\x15\n\rtop_token_ids\x18\x05 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x06 \x03(\x02\"z\n\x0ePromptLogprobs\x12\x0f\n\x07req_ids\x18\x01 \x03(\x04\x12\x17\n\x0f\x66irst_positions\x18\x02 \x03(\r\x12\x0e\n\x06\x63ounts\x18\x03 \x03(\r\x12.\n\x06values\x18\x04 \x01(\x0b\x32\x1e.llmserve.executor.v1.Logprobs\"\xe2\x02\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0f\n\x07req_ids\x18\x02 \x03(\x04\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x12\n\nprepare_us\x18\x04 \x01(\r\x12\x12\n\nforward_us\x18\x05 \x01(\r\x12\x11\n\tsample_us\x18\x06 \x01(\r\x12\x12\n\ngraph_size\x18\x07 \x01(\r\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x30\n\x08logprobs\x18\t \x01(\x0b\x32\x1e.llmserve.executor.v1.Logprobs\x12=\n\x0fprompt_logprobs\x18\n \x01(\x0b\x32$.llmserve.executor.v1.PromptLogprobs\x12\x11\n\tqueued_us\x18\x0b \x01(\r\x12\x11\n\tlaunch_us\x18\x0c \x01(\r\x12\x16\n\x0e\x64\x65vice_idle_us\x18\r \x01(\r\x12\x12\n\nnum_tokens\x18\x0e \x03(\r\"\x0e\n\x0cResetRequest\"\x0f\n\rResetResponse2\x86\x02\n\x08\x45xecutor\x12W\n\tHandshake\x12&.llmserve.executor.v1.HandshakeRequest\x1a\".llmserve.executor.v1.ExecutorInfo\x12O\n\x07\x45xecute\x12\x1e.llmserve.executor.v1.StepPlan\x1a .llmserve.executor.v1.StepResult(\x01\x30\x01\x12P\n\x05Reset\x12\".llmserve.executor.v1.ResetRequest\x1a#.llmserve.executor.v1.ResetResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,25 +34,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HANDSHAKEREQUEST']._serialized_start=68
   _globals['_HANDSHAKEREQUEST']._serialized_end=86
   _globals['_EXECUTORINFO']._serialized_start=89
-  _globals['_EXECUTORINFO']._serialized_end=439
-  _globals['_SAMPLERPARAMS']._serialized_start=442
-  _globals['_SAMPLERPARAMS']._serialized_end=767
-  _globals['_NEWREQUEST']._serialized_start=770
-  _globals['_NEWREQUEST']._serialized_end=983
-  _globals['_CACHEDREQUESTS']._serialized_start=985
-  _globals['_CACHEDREQUESTS']._serialized_end=1095
-  _globals['_STEPPLAN']._serialized_start=1098
-  _globals['_STEPPLAN']._serialized_end=1354
-  _globals['_LOGPROBS']._serialized_start=1356
-  _globals['_LOGPROBS']._serialized_end=1480
-  _globals['_PROMPTLOGPROBS']._serialized_start=1482
-  _globals['_PROMPTLOGPROBS']._serialized_end=1604
-  _globals['_STEPRESULT']._serialized_start=1607
-  _globals['_STEPRESULT']._serialized_end=1961
-  _globals['_RESETREQUEST']._serialized_start=1963
-  _globals['_RESETREQUEST']._serialized_end=1977
-  _globals['_RESETRESPONSE']._serialized_start=1979
-  _globals['_RESETRESPONSE']._serialized_end=1994
-  _globals['_EXECUTOR']._serialized_start=1997
-  _globals['_EXECUTOR']._serialized_end=2259
+  _globals['_EXECUTORINFO']._serialized_end=465
+  _globals['_SAMPLERPARAMS']._serialized_start=468
+  _globals['_SAMPLERPARAMS']._serialized_end=793
+  _globals['_NEWREQUEST']._serialized_start=796
+  _globals['_NEWREQUEST']._serialized_end=1009
+  _globals['_CACHEDREQUESTS']._serialized_start=1011
+  _globals['_CACHEDREQUESTS']._serialized_end=1121
+  _globals['_STEPPLAN']._serialized_start=1124
+  _globals['_STEPPLAN']._serialized_end=1380
+  _globals['_LOGPROBS']._serialized_start=1382
+  _globals['_LOGPROBS']._serialized_end=1506
+  _globals['_PROMPTLOGPROBS']._serialized_start=1508
+  _globals['_PROMPTLOGPROBS']._serialized_end=1630
+  _globals['_STEPRESULT']._serialized_start=1633
+  _globals['_STEPRESULT']._serialized_end=1987
+  _globals['_RESETREQUEST']._serialized_start=1989
+  _globals['_RESETREQUEST']._serialized_end=2003
+  _globals['_RESETRESPONSE']._serialized_start=2005
+  _globals['_RESETRESPONSE']._serialized_end=2020
+  _globals['_EXECUTOR']._serialized_start=2023
+  _globals['_EXECUTOR']._serialized_end=2285
 # @@protoc_insertion_point(module_scope)

@@ -11,7 +11,7 @@ class HandshakeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExecutorInfo(_message.Message):
-    __slots__ = ("model_name", "vocab_size", "eos_token_ids", "max_model_len", "block_size", "num_blocks", "cuda_graph_sizes", "max_num_seqs", "max_num_batched_tokens", "device", "dtype", "model_path", "max_logprobs", "max_logit_bias", "max_min_tokens_stop_ids")
+    __slots__ = ("model_name", "vocab_size", "eos_token_ids", "max_model_len", "block_size", "num_blocks", "cuda_graph_sizes", "max_num_seqs", "max_num_batched_tokens", "device", "dtype", "model_path", "max_logprobs", "max_logit_bias", "max_min_tokens_stop_ids", "draft_model_path")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class ExecutorInfo(_message.Message):
     MAX_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     MAX_LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     MAX_MIN_TOKENS_STOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     vocab_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -42,7 +43,8 @@ class ExecutorInfo(_message.Message):
     max_logprobs: int
     max_logit_bias: int
     max_min_tokens_stop_ids: int
-    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., cuda_graph_sizes: _Optional[_Iterable[int]] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., model_path: _Optional[str] = ..., max_logprobs: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_min_tokens_stop_ids: _Optional[int] = ...) -> None: ...
+    draft_model_path: str
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., cuda_graph_sizes: _Optional[_Iterable[int]] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., model_path: _Optional[str] = ..., max_logprobs: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_min_tokens_stop_ids: _Optional[int] = ..., draft_model_path: _Optional[str] = ...) -> None: ...
 
 class SamplerParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "seed", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias_token_ids", "logit_bias_values", "min_tokens", "min_tokens_stop_ids", "logprobs", "prompt_logprobs")

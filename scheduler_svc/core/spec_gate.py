@@ -1,0 +1,135 @@
+"""Adaptive speculation: which requests speculate this step (no torch).
+
+Speculating costs a request its pipelining: while it speculates it is not planned with a token
+in flight (its next drafts need that token, docs/scheduler.md), so it runs one step per round
+trip through both services instead of one per step. That pays only while its drafts are
+accepted. The gate keeps, per request, an exponential moving average of the drafts accepted per
+opportunity (a verify step counts its accepted drafts; a proposal that found nothing counts 0),
+starting at k (optimistic). While the average is at least MIN_ACCEPTED the request speculates;
+below it, it decodes pipelined like any request, and the gate probes now and then whether
+speculation would pay again:
+  - n-gram: every LOOKUP_STEPS steps, a lookup of its known tokens' suffix (a few dict reads, no
+    GPU work); a match turns speculation back on (the average set just above MIN_ACCEPTED, so
+    one fruitless try turns it off again);
+  - draft model: nothing to look up without the GPU, so after PROBE_STEPS steps it speculates
+    once (a one-step wait), the interval doubling after each fruitless probe up to MAX_PROBE_STEPS.
+MIN_ACCEPTED: a fruitless try costs the request one step of pipelining (a fraction of a step of
+GPU time at small batch), an accepted draft saves a whole step, so it pays from well below one
+accepted draft per try; DECAY 0.25 rides out the one or two failed lookups that follow any break
+in a repeated passage (k = 4: eight fruitless tries in a row turn it off).
+disable_by_batch_size (vLLM's field): with more running requests than that, nobody speculates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .request import Request
+
+MIN_ACCEPTED = 0.5  # drafts accepted per opportunity below which a request stops speculating
+DECAY = 0.25  # weight of the newest opportunity in the moving average
+LOOKUP_STEPS = 4  # n-gram: steps between the lookups of a request that does not speculate
+PROBE_STEPS = 16  # draft model: steps before its first probe (then doubling)
+MAX_PROBE_STEPS = 256
+
+
+class GateState:
+    """One request's gate: its average, the steps to its next probe, the probe interval, and
+    whether a probe (draft model) is waiting for its outcome."""
+
+    __slots__ = ("countdown", "interval", "probing", "score")
+
+    def __init__(self, k: int, countdown: int):
+        self.score, self.countdown, self.interval, self.probing = float(k), countdown, PROBE_STEPS, False
+
+
+class SpecGate:
+    """probe(request) -> bool (n-gram): whether the suffix of its known tokens occurs earlier;
+    None (draft model): probes speculate. disable_by_batch_size 0 = never."""
+
+    def __init__(self, num_speculative_tokens: int, probe: Callable[[Request], bool] | None,
+                 disable_by_batch_size: int = 0):
+        self.k, self.probe, self.disable_by_batch_size = num_speculative_tokens, probe, disable_by_batch_size
+
+    def _state(self, request: Request) -> GateState:
+        if request.spec_gate is None:
+            request.spec_gate = GateState(self.k, PROBE_STEPS if self.probe is None else LOOKUP_STEPS)
+        return request.spec_gate
+
+    def speculates(self, request: Request, num_running: int) -> bool:
+        """Whether the request speculates this step (it waits for its token in flight, then
+        gets drafts). Call once a step per running request: it counts the steps to a probe."""
+        if self.disable_by_batch_size and num_running > self.disable_by_batch_size:
+            return False
+        s = self._state(request)
+        if s.score >= MIN_ACCEPTED or s.probing:
+            return True
+        s.countdown -= 1
+        if s.countdown > 0:
+            return False
+        if self.probe is not None:  # a free probe: back on if its suffix occurs earlier
+            s.countdown = LOOKUP_STEPS
+            if self.probe(request):
+                s.score = 1.25 * MIN_ACCEPTED  # one fruitless try turns it off again
+                return True
+            return False
+        s.interval = min(2 * s.interval, MAX_PROBE_STEPS)  # draft model: speculate once, back off
+        s.countdown, s.probing = s.interval, True
+        return True
+
+    def observe(self, request: Request, accepted: int) -> None:
+        """One opportunity's outcome: the accepted drafts of a verify step, or 0 when the
+        proposer found none. An average back at MIN_ACCEPTED resets the probe interval."""
+        s = self._state(request)
+        s.probing = False
+        s.score = (1 - DECAY) * s.score + DECAY * accepted
+        if s.score >= MIN_ACCEPTED:
+            s.interval = PROBE_STEPS
+            s.countdown = PROBE_STEPS if self.probe is None else LOOKUP_STEPS
+
+
+def ngram_probe(min_n: int, max_n: int) -> Callable[[Request], bool]:
+    """The n-gram gate's probe: whether the suffix of the request's known tokens occurs earlier
+    (its NgramIndex, shared with the proposer: the same incremental lookup)."""
+    from .spec_decode import NgramIndex
+
+    def probe(request: Request) -> bool:
+        index = request.ngram_index
+        if index is None:
+            index = request.ngram_index = NgramIndex(min_n, max_n)
+        return bool(index.propose(request.token_ids_between, request.num_tokens, 1))
+
+    return probe
+
+
+class SpecSteps:
+    """What the scheduler asks of speculation each step: the SpecDecoder (proposals, settling)
+    and the gate, over the scheduler's running requests."""
+
+    def __init__(self, decoder, gate: SpecGate):
+        self.decoder, self.gate = decoder, gate
+
+    @classmethod
+    def for_config(cls, config, decoder) -> SpecSteps:
+        probe = ngram_probe(config.prompt_lookup_min, config.prompt_lookup_max) if config.method == "ngram" else None
+        return cls(decoder, SpecGate(config.num_speculative_tokens, probe, config.disable_by_batch_size))
+
+    def speculates(self, request: Request, num_running: int) -> bool:
+        """Whether the request speculates this step: always while its verify step is in flight
+        (its rejected slots are rolled back after it), else as its sampling and the gate say."""
+        return bool(request.draft_token_ids) or (
+            self.decoder.eligible(request) and self.gate.speculates(request, num_running))
+
+    def propose(self, request: Request, budget: int) -> list[int]:
+        drafts = self.decoder.propose(request, budget)
+        if not drafts and request.num_computed_tokens == request.num_tokens - 1:
+            self.gate.observe(request, 0)  # a decode row the proposer found nothing for
+        return drafts
+
+    def settle(self, request: Request, token_ids) -> int:
+        """decoder.settle (the rejected drafts), the outcome told to the gate."""
+        num_drafts = len(request.draft_token_ids)
+        rejected = self.decoder.settle(request, token_ids)
+        if num_drafts and token_ids is not None:
+            self.gate.observe(request, num_drafts - rejected)
+        return rejected
