@@ -1,11 +1,15 @@
 """FP8 weight GEMMs (kernels/fp8_gemm.py) vs bf16 cuBLAS at llama-1b layer shapes, on CUDA.
 
-    python -m benchmarks.fp8_bench [--rows-small 1 8 16] [--rows-large 64 256 1024 4096] [--tune]
+    python -m benchmarks.fp8_bench [--rows-small 1 8 16 32 64] [--rows-large 64 256 1024 4096] [--tune]
 
-Small M: bf16 cuBLAS (F.linear), the w8a16 kernel (channel and 128x128 block scales) and the
-dequantize path (dequantize to bf16 + F.linear, the former forward). Large M: bf16 cuBLAS vs
-w8a8 (dynamic per-token / per-group activation quantization included): channel scales through
-torch._scaled_mm, block scales through the Triton block-scaled GEMM. Each timing replays a CUDA
+Small M (w8a16 serves up to 64 rows): bf16 cuBLAS (F.linear), the w8a16 kernel (channel and
+128x128 block scales) and the dequantize path (dequantize to bf16 + F.linear, the former
+forward). Large M: bf16 cuBLAS vs w8a8 (dynamic per-token / per-group activation quantization
+included): channel scales through torch._scaled_mm, block scales through the Triton
+block-scaled GEMM; "w8a8 chan prequant" is `_scaled_mm` on activations quantized already (what
+the model runs after a fused norm / SiLU, kernels/fp8_fused.py), and layer "prologue" times
+those kernels (rms_norm + residual at K 2048, silu_and_mul at I 8192) plain, fused with the
+quantization, and plain + the separate quantization launch (the unfused w8a8 model's sequence). Each timing replays a CUDA
 graph over weight copies spanning >= 256 MB (benchmarks/skinny_bench.py), so weights come from
 HBM. The w8a16 kernel runs its default config unless --tune (tuning compiles every candidate:
 minutes). Prints µs per call, GB/s of weight + activation bytes, then one JSON summary line.
@@ -21,6 +25,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+import kernels
 from benchmarks.skinny_bench import L2_SPAN_BYTES, _graph_time_us
 
 LAYERS = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}  # llama-1b
@@ -50,7 +55,7 @@ def _time(calls) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows-small", nargs="+", type=int, default=[1, 8, 16])
+    parser.add_argument("--rows-small", nargs="+", type=int, default=[1, 8, 16, 32, 64])
     parser.add_argument("--rows-large", nargs="+", type=int, default=[64, 256, 1024, 4096])
     parser.add_argument("--tune", action="store_true", help="tune the w8a16 configs (slow) instead of defaults")
     args = parser.parse_args()
@@ -61,7 +66,7 @@ def main() -> None:
         w8a16_default_config,
         w8a16_linear_triton,
     )
-    from kernels.fp8_w8a8 import w8a8_linear_triton
+    from kernels.fp8_w8a8 import quantize_activations_triton, w8a8_linear_triton
 
     start, dt, rows = time.time(), torch.bfloat16, []
     print(f"{torch.cuda.get_device_name()}, bf16 activations, fp8 e4m3 weights; llama-1b layers")
@@ -96,8 +101,24 @@ def main() -> None:
                 us = _time([partial(w8a8_linear_triton, x, w, s, strategy, block, backend=backend)
                             for w, s in fp8[strategy]])
                 record(layer, n, k, m, f"w8a8 {strategy[:5]} {backend[:6]}", us, n * k, base)
+            act = kernels.rms_norm_quant(x, torch.ones(k, device="cuda", dtype=dt), 1e-6, None, k)
+            us = _time([partial(w8a8_linear_triton, act, w, s, "channel") for w, s in fp8["channel"]])
+            record(layer, n, k, m, "w8a8 chan prequant", us, n * k, base)
         del dense, fp8
         torch.cuda.empty_cache()
+    for m in args.rows_large:  # the kernels before qkv / gate_up (norm) and down (SiLU)
+        x, r = (torch.randn(m, 2048, device="cuda", dtype=dt) for _ in range(2))
+        g, nw = torch.randn(m, 2 * 8192, device="cuda", dtype=dt), torch.ones(2048, device="cuda", dtype=dt)
+        cases = {"rms_norm": lambda: kernels.rms_norm(x, nw, 1e-6, r),
+                 "rms_norm_quant": lambda: kernels.rms_norm_quant(x, nw, 1e-6, r, 2048),
+                 "rms_norm + quant": lambda: quantize_activations_triton(kernels.rms_norm(x, nw, 1e-6, r)[0], 2048),
+                 "silu_and_mul": lambda: kernels.silu_and_mul(g),
+                 "silu_and_mul_quant": lambda: kernels.silu_and_mul_quant(g, 8192),
+                 "silu_and_mul + quant": lambda: quantize_activations_triton(kernels.silu_and_mul(g), 8192)}
+        for path, fn in cases.items():
+            us = _time([fn] * 16)
+            base = us if path in ("rms_norm", "silu_and_mul") else base
+            record("prologue", 2048, 2048 if "norm" in path else 8192, m, path, us, 0, base)
     sums: dict[str, dict[str, float]] = {}
     for r in rows:
         sums.setdefault(str(r["m"]), {}).setdefault(r["path"], 0.0)

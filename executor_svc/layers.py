@@ -17,9 +17,11 @@ from kernels import (  # noqa: F401 - the kernels the model calls (docs/contract
     paged_decode_attention,
     rms_norm,
     rms_norm_linear,
+    rms_norm_quant,
     rotary_embedding,
     rotary_write_kv,
     silu_and_mul,
+    silu_and_mul_quant,
     silu_mul_linear,
     skinny_linear,
     write_kv,
@@ -34,15 +36,32 @@ def use_skinny(x: torch.Tensor, max_tokens: int) -> bool:
     return x.is_cuda and 0 < x.shape[0] <= min(max_tokens, SKINNY_MAX_M)
 
 
+def fp8_input_group(linear: nn.Module, x: torch.Tensor) -> int | None:
+    """The activation group size when `linear` (an FP8 w8a8 layer at x's row count) takes its
+    input quantized by the kernel before it (quantization/fp8.py Fp8Linear.input_quant_group),
+    else None: x's dtype. Host ints only, so a CUDA graph records the choice every replay makes."""
+    pick = getattr(linear, "input_quant_group", None)
+    return pick(x) if pick is not None else None
+
+
+def silu_and_mul_for(linear: nn.Module, gate_up: torch.Tensor):
+    """silu_and_mul(gate_up), quantized in the same kernel when `linear` takes FP8 activations."""
+    group = fp8_input_group(linear, gate_up)
+    return silu_and_mul(gate_up) if group is None else silu_and_mul_quant(gate_up, group)
+
+
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dim; forward(x, residual) fuses the residual add (returns both)."""
+    """RMSNorm over the last dim; forward(x, residual) fuses the residual add (returns both).
+    quant_group (fp8_input_group of the linear after it): emit an FP8 kernels Fp8Activation."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, quant_group: int | None = None):
+        if quant_group is not None:
+            return rms_norm_quant(x, self.weight, self.eps, residual, quant_group)
         return rms_norm(x, self.weight, self.eps, residual)
 
 

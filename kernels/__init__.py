@@ -25,6 +25,8 @@ __all__ = [
     "SKINNY_MAX_M",
     "fp8_linear",
     "FP8_W8A16_MAX_M",
+    "rms_norm_quant",
+    "silu_and_mul_quant",
 ]
 
 SKINNY_MAX_M = 16  # the most rows the skinny GEMMs take (kernels/skinny_gemm.py MAX_M)
@@ -215,11 +217,11 @@ def silu_mul_linear(gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return reference.silu_mul_linear_reference(gate_up, w)
 
 
-FP8_W8A16_MAX_M = 16  # the most rows the weight-only FP8 GEMM takes (kernels/fp8_gemm.py W8A16_MAX_M)
+FP8_W8A16_MAX_M = 64  # the most rows the weight-only FP8 GEMM takes (kernels/fp8_gemm.py W8A16_MAX_M)
 
 
 def fp8_linear(
-    x: torch.Tensor,  # [..., K] in the compute dtype
+    x,  # [..., K] in the compute dtype, or an Fp8Activation (rms_norm_quant / silu_and_mul_quant)
     weight: torch.Tensor,  # [N, K] float8_e4m3fn
     weight_scale: torch.Tensor,  # float32: "tensor" [1], "channel" [N], "block" [ceil(N/bn), ceil(K/bk)]
     strategy: str,  # "tensor" | "channel" | "block"
@@ -227,14 +229,41 @@ def fp8_linear(
     bias: torch.Tensor | None = None,  # [N]
     path: str = "auto",  # "auto" | "w8a16" | "w8a8" | "dequantize" (CPU: "w8a8" or the w8a16 reference)
 ) -> torch.Tensor:
-    """x @ (fp8 weight * scales)^T (+ bias) in x's dtype. CUDA: weight-only FP8 GEMM for <= 16 rows,
-    dynamic-activation FP8 tensor-core GEMM beyond (kernels/fp8_gemm.py); CPU: the w8a16 reference."""
-    if x.is_cuda:
+    """x @ (fp8 weight * scales)^T (+ bias) in x's dtype. CUDA: weight-only FP8 GEMM for <= 64 rows,
+    dynamic-activation FP8 tensor-core GEMM beyond (kernels/fp8_gemm.py); CPU: the w8a16 reference.
+    An Fp8Activation (already quantized) takes the w8a8 GEMM / reference."""
+    from kernels import fp8_reference
+
+    if weight.is_cuda:
         from kernels.fp8_gemm import fp8_linear_triton
 
         return fp8_linear_triton(x, weight, weight_scale, strategy, block, bias, path)
-    from kernels import fp8_reference
-
+    if isinstance(x, fp8_reference.Fp8Activation):
+        return fp8_reference.w8a8_quantized_linear_reference(x, weight, weight_scale, strategy, block, bias)
     ref = fp8_reference.w8a8_linear_reference if path == "w8a8" else fp8_reference.w8a16_linear_reference
     y = ref(x.reshape(-1, x.shape[-1]), weight, weight_scale, strategy, block, bias)
     return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+                   group_size: int | None = None):
+    """rms_norm emitting the FP8 w8a8 GEMM's input, an Fp8Activation (per-row scales, or per
+    group_size columns), plus the new residual with residual (kernels/fp8_fused.py)."""
+    if x.is_cuda:
+        from kernels.fp8_fused import rms_norm_quant_triton
+
+        return rms_norm_quant_triton(x, weight, eps, residual, group_size)
+    from kernels.fp8_reference import rms_norm_quant_reference
+
+    return rms_norm_quant_reference(x, weight, eps, residual, group_size)
+
+
+def silu_and_mul_quant(x: torch.Tensor, group_size: int | None = None):
+    """silu_and_mul emitting an Fp8Activation of [T, I] (kernels/fp8_fused.py)."""
+    if x.is_cuda:
+        from kernels.fp8_fused import silu_and_mul_quant_triton
+
+        return silu_and_mul_quant_triton(x, group_size)
+    from kernels.fp8_reference import silu_and_mul_quant_reference
+
+    return silu_and_mul_quant_reference(x, group_size)

@@ -8,8 +8,12 @@ context is the last W positions only; blocks before them are never read. With on
 normalises and writes the output; otherwise it writes (acc, max, sum) partials that
 _decode_reduce_kernel merges. num_splits and the scratch sizes depend only on shapes, so a call
 is CUDA-graph capturable (no host sync, no data-dependent allocation). An FP8 cache (float8_e4m3fn)
-is loaded as e4m3, converted to q's dtype (exact) for tl.dot, with k_scale folded into the score
-scale and v_scale into the output (both read from device tensors in the kernel).
+is loaded as e4m3 and converted (exactly) to fp16 for tl.dot beside a 16-bit q, which
+attention_prefill.fp16_query brings to fp16 (a per-row power-of-two shift, folded into the score
+scale, keeps it from overflowing): sm_90 converts e4m3x2 -> f16x2 natively, bf16 is emulated.
+With an fp32 q the tiles go to fp32. k_scale is folded into the score scale and v_scale into the
+output (both read from device tensors in the kernel). FP8 caches have their own launch
+configurations (`decode_launch_config(..., fp8=True)`: twice the tokens per tile, as many bytes).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_kv_scales, check_paged_kv, check_power_of_two
-from kernels.attention_prefill import check_window
+from kernels.attention_prefill import check_window, fp16_query
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
@@ -42,7 +46,7 @@ def _paged_decode_kernel(
     window,  # sliding window (used when SLIDING): keys seq_len - window <= k < seq_len
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, SLIDING: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, F16_DOT: tl.constexpr,  # F16_DOT: FP8 cache, 16-bit q: products in fp16
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -68,6 +72,10 @@ def _paged_decode_kernel(
 
     if FP8:  # the K scale, folded into the score scale
         qk_scale = qk_scale * tl.load(k_scale_ptr)
+    qk = qk_scale
+    if F16_DOT:  # q in fp16, each row's power-of-two shift folded into its score scale
+        q, q_mult = fp16_query(q)
+        qk = qk_scale * q_mult
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -81,11 +89,11 @@ def _paged_decode_kernel(
         kv_off = row_off[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
         k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
         v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
-        if FP8:  # e4m3 -> q's dtype is exact; the scales are applied in fp32 (qk_scale, acc)
+        if FP8:  # e4m3 -> fp16 / q's dtype is exact; the scales are applied in fp32 (qk, acc)
             k = k.to(q.dtype)
             v = v.to(q.dtype)
 
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [GROUP_PAD, BLOCK_N]
+        s = tl.dot(q, tl.trans(k)) * qk  # [GROUP_PAD, BLOCK_N]
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds a valid position
         alpha = tl.exp2(m_i - m_new)
@@ -148,7 +156,7 @@ class DecodeConfig(NamedTuple):
 
 
 def decode_launch_config(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int,
-                         head_dim: int = 64) -> DecodeConfig:
+                         head_dim: int = 64, fp8: bool = False) -> DecodeConfig:
     """The launch from shapes only, never from seq_lens (graph capture).
 
     Swept on an H200 at llama-1b shapes (benchmarks/attention_sweep.py, head dim 64, random
@@ -157,8 +165,16 @@ def decode_launch_config(num_seqs: int, num_kv_heads: int, max_context: int, num
     32-token tiles and 4 warps; 1024: 133 us); from ~3 pairs per SM, 128-token tiles with 4
     warps and 4 stages (batch 64: 20.2 vs 21.9 us); below, 64-token tiles with splits bringing
     the grid to ~4 programs per SM. Head dim 128 keeps the earlier, unswept choice (8 warps).
+    FP8 caches (not swept yet: `attention_sweep --kv fp8`): twice the tokens per tile (the
+    bytes of a bf16 tile), 4 warps (8 at head dim 128), splits counted in those tiles.
     """
     base = max(num_seqs * num_kv_heads, 1)
+    if fp8:
+        block_n, warps = (128, 4) if head_dim <= 64 else (64, 8)
+        if base >= 3 * num_sms:
+            return DecodeConfig(block_n, 1, warps, 4 if base < 6 * num_sms else 3)
+        splits = max(1, min((4 * num_sms) // base, MAX_SPLITS, triton.cdiv(max_context, block_n)))
+        return DecodeConfig(block_n, splits, warps, 3)
     if head_dim > 64:
         if base >= 6 * num_sms:
             return DecodeConfig(32, 1, 8, 3)
@@ -202,7 +218,7 @@ def paged_decode_attention_triton(
     max_context = block_tables.shape[1] * block_size
     if window:
         max_context = min(max_context, window)  # the most keys a query reads
-    auto = decode_launch_config(num_seqs, num_kv_heads, max_context, _num_sms(q.device), head_dim)
+    auto = decode_launch_config(num_seqs, num_kv_heads, max_context, _num_sms(q.device), head_dim, fp8)
     if num_splits is None and block_n is None:
         block_n, num_splits = auto.block_n, auto.num_splits
     block_n = block_n or 32
@@ -230,7 +246,7 @@ def paged_decode_attention_triton(
         num_splits, window,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT=num_splits == 1, SLIDING=window > 0,
-        FP8=fp8, num_warps=num_warps, num_stages=num_stages,
+        FP8=fp8, F16_DOT=fp8 and q.dtype != torch.float32, num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

@@ -16,8 +16,8 @@ BLOCK_M = BLOCK_Q * GROUP_PAD rows of one tl.dot tile (row r = token r // GROUP_
 r % GROUP_PAD), so each K/V tile is read once per group and a decode row still fills a tile.
 It walks the context in BLOCK_N tiles from the first position its first token can see (0, or
 that token's window start: earlier blocks are never read) to the last its last token can see.
-FP8 caches (float8_e4m3fn): as in attention_decode.py, e4m3 tiles converted to q's dtype, k_scale
-folded into the score scale and v_scale into the output.
+FP8 caches (float8_e4m3fn): as in attention_decode.py, e4m3 tiles converted to fp16 (16-bit q,
+`fp16_query`) or to q's dtype (fp32 q), k_scale folded into the score scale, v_scale into the output.
 """
 
 from __future__ import annotations
@@ -41,6 +41,21 @@ def check_window(sliding_window: int | None) -> int:
 
 
 @triton.jit
+def fp16_query(q):
+    """A 16-bit q tile [M, D] -> (fp16 tile q * 2^-e, 2^e [M, 1]): per row the least e >= 0 that
+    keeps |q| * 2^-e < 2^16, so nothing overflows fp16 (and, below that, every bf16 value in fp16's
+    normal range converts exactly). The products of an FP8 cache then run in fp16 (e4m3 -> fp16 is
+    one native conversion on sm_90, e4m3 -> bf16 is emulated); 2^e goes into the score scale."""
+    qf = q.to(tl.float32)
+    biased = tl.max(tl.abs(qf), 1).to(tl.int32, bitcast=True) >> 23  # the row amax's exponent + 127
+    e = tl.maximum(biased - 142, 0)  # 142 = 127 + 15: amax < 2^(biased - 126) <= 2^16 after the shift
+    down = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2^-e, exact
+    up = ((127 + e) << 23).to(tl.float32, bitcast=True)  # 2^e
+    return (qf * down[:, None]).to(tl.float16), up[:, None]
+
+
+# num_seqs changes every step: not specialized (==1, %16), so no variant compiles while serving
+@triton.jit(do_not_specialize=["num_seqs"])
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
     k_scale_ptr, v_scale_ptr,  # FP8 caches: [1] float32 each, read here (unused otherwise)
@@ -53,7 +68,7 @@ def _paged_prefill_kernel(
     num_seqs,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, F16_DOT: tl.constexpr,  # F16_DOT: FP8 cache, 16-bit q: products in fp16
     SEARCH_STEPS: tl.constexpr,  # >= num_seqs.bit_length(): enough halvings of [0, num_seqs)
 ):
     pid = tl.program_id(0)
@@ -98,6 +113,10 @@ def _paged_prefill_kernel(
 
     if FP8:  # the K scale, folded into the score scale
         qk_scale = qk_scale * tl.load(k_scale_ptr)
+    qk = qk_scale
+    if F16_DOT:  # q in fp16, each row's power-of-two shift folded into its score scale
+        q, q_mult = fp16_query(q)
+        qk = qk_scale * q_mult
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -111,11 +130,11 @@ def _paged_prefill_kernel(
         kv_off = row_off[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
         k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
         v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
-        if FP8:  # e4m3 -> q's dtype is exact; the scales are applied in fp32 (qk_scale, acc)
+        if FP8:  # e4m3 -> fp16 / q's dtype is exact; the scales are applied in fp32 (qk, acc)
             k = k.to(q.dtype)
             v = v.to(q.dtype)
 
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N]
+        s = tl.dot(q, tl.trans(k)) * qk  # [BLOCK_M, BLOCK_N]
         visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
         if SLIDING:
             visible = visible & (pos[None, :] > q_pos[:, None] - window)
@@ -183,6 +202,7 @@ def paged_attention_triton(
         window, num_seqs,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=64, SLIDING=window > 0, FP8=fp8,
+        F16_DOT=fp8 and q.dtype != torch.float32,
         # at least 9 halvings (up to 511 sequences): one compiled variant for every batch a
         # server runs, not one per bit length compiled while it serves
         SEARCH_STEPS=max(num_seqs.bit_length(), 9),

@@ -3,10 +3,10 @@
 Scales (kernels/fp8_reference.py, the specification): "tensor" [1], "channel" [N], "block"
 [ceil(N/bn), ceil(K/bk)]. Two paths, chosen by `fp8_linear_triton` from host ints only (M and
 the dtype), so a captured CUDA graph replays the path it recorded:
-- w8a16 (M <= W8A16_MAX_M, decode): the skinny GEMM layout of kernels/skinny_gemm.py (grid
+- w8a16 (M <= W8A16_MAX_M = 64, decode): the skinny GEMM layout of kernels/skinny_gemm.py (grid
   `(cdiv(N, BLOCK_N), SPLIT_K)`, a program streams [BLOCK_N, BLOCK_K] fp8 tiles along K; M == 1
-  is a GEMV, 2..16 rows one 16-row tl.dot; split-K partials summed in order by skinny_gemm's
-  `_split_reduce_kernel`), the weight converted in registers (fp8 -> x's dtype is exact) and
+  is a GEMV, 2..64 rows one tl.dot of max(16, next_pow2(M)) rows; split-K partials summed in
+  order by skinny_gemm's `_split_reduce_kernel`), the weight converted in registers (fp8 -> x's dtype is exact) and
   scaled in fp32: per channel / tensor once at the end, per block on each K tile (BLOCK_K
   divides bk). Reads the fp8 weight once: half the bytes of bf16. Tuned at warm-up like the
   skinny kernels (skinny_gemm's `_cold_time_us`, candidates W8A16_CONFIGS), never in capture.
@@ -27,23 +27,31 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.fp8_reference import dequantize_fp8_reference
+from kernels.fp8_reference import (  # noqa: F401 - fp8_path re-exported (the dispatch lives here by contract)
+    W8A16_MAX_M,
+    Fp8Activation,
+    dequantize_fp8_reference,
+    fp8_path,
+)
 from kernels.fp8_w8a8 import (
     STRATEGIES,
     check_fp8_args,
     pow2_divisor,
     w8a8_linear_triton,
 )
-from kernels.skinny_gemm import MAX_M, SkinnyConfig, _cold_time_us, _split_reduce_kernel
+from kernels.skinny_gemm import SkinnyConfig, _cold_time_us, _split_reduce_kernel
 
-W8A16_MAX_M = MAX_M  # the w8a16 kernel takes 1..16 rows (one 16-row tl.dot tile)
+# W8A16_MAX_M (kernels/fp8_reference.py, 64): the w8a16 kernel takes 1..64 rows, one tl.dot tile of
+# 16..64 rows (the activation tile [BLOCK_M, BLOCK_K] beside each [BLOCK_N, BLOCK_K] weight tile)
 # fp8 tiles are half the bytes of bf16 ones: deeper K tiles for the GEMV, wide N for block scales
 W8A16_CONFIGS = (
     SkinnyConfig(16, 1024, 4, 3, 1), SkinnyConfig(8, 1024, 4, 3, 1), SkinnyConfig(32, 512, 4, 3, 1),
     SkinnyConfig(16, 512, 4, 4, 2), SkinnyConfig(32, 256, 4, 3, 1), SkinnyConfig(64, 256, 8, 3, 1),
     SkinnyConfig(32, 128, 4, 4, 1), SkinnyConfig(64, 128, 4, 4, 1), SkinnyConfig(32, 128, 4, 4, 4),
     SkinnyConfig(64, 128, 8, 4, 2), SkinnyConfig(32, 256, 4, 3, 4),
+    SkinnyConfig(32, 256, 4, 3, 8), SkinnyConfig(64, 128, 4, 4, 4), SkinnyConfig(64, 256, 8, 3, 2),
 )
+SPLIT_TARGET = 200  # w8a16_default_config splits K until the grid has ~1.5 programs per H200 SM
 _tuned: dict[tuple, SkinnyConfig] = {}
 
 
@@ -71,7 +79,7 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, part_ptr, M, N, stride_x
                 prod = prod * tl.load(s_rows + k0 // BK_SCALE, mask=n_mask & (k0 < K), other=0.0)[:, None]
             acc2 += prod
         acc = tl.sum(acc2, axis=1)[None, :]
-    else:  # 2..16 rows: one 16-row tl.dot per K tile, the weight converted exactly to x's dtype
+    else:  # 2..64 rows: one BLOCK_M-row tl.dot per K tile, the weight converted exactly to x's dtype
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for t in range(TILES_PER_SPLIT):
             k0 = k_begin + t * BLOCK_K
@@ -98,28 +106,40 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, part_ptr, M, N, stride_x
         tl.store(part_ptr + (pid_k * M + rows[:, None]) * N + offs_n[None, :], acc, mask=out_mask)
 
 
+def _block_m(m: int) -> int:
+    return 1 if m == 1 else max(16, triton.next_power_of_2(m))
+
+
 def w8a16_fits(cfg: SkinnyConfig, m: int, k: int, strategy: str, block) -> bool:
-    """Worth timing: skinny_gemm's rules, and BLOCK_K divides bk for block scales."""
-    dot_ok = m == 1 or (cfg.block_n >= 16 and cfg.block_k <= 512)
+    """Worth timing: skinny_gemm's rules (32..64-row tiles: K tiles <= 256), and BLOCK_K divides
+    bk for block scales."""
+    dot_ok = m == 1 or (cfg.block_n >= 16 and cfg.block_k <= (512 if m <= 16 else 256))
     block_ok = strategy != "block" or cfg.block_k <= pow2_divisor(block[1], 1 << 30)
     return dot_ok and block_ok and (cfg.split_k == 1 or triton.cdiv(k, cfg.block_k) >= 2 * cfg.split_k)
 
 
 def w8a16_default_config(m: int, n: int, k: int, strategy: str, block) -> SkinnyConfig:
-    """The untuned choice (interpreter, or a key first met in capture)."""
+    """The untuned choice (interpreter, or a key first met in capture). One row: the GEMV's deep K
+    tiles. More rows: 32-column tiles up to 16 rows, 64 beyond (more reuse of the activation tile),
+    and split-K doubling (up to 8, 4 from 32 rows: the fp32 partials grow with M) until the grid
+    reaches SPLIT_TARGET programs, each split keeping >= 2 K tiles (llama-1b at 8-64 rows: qkv, o and
+    down split 4, gate_up 1; the former rule left down_proj on 64 programs)."""
     bk = pow2_divisor(block[1], 1024) if strategy == "block" else 1024
     if m == 1:
         cfg = SkinnyConfig(16, min(bk, 1024), 4, 3, 1) if bk >= 512 else SkinnyConfig(64, bk, 4, 4, 1)
-    else:
-        cfg = SkinnyConfig(32, min(bk, 256), 4, 3, 1)
-    split = 4 if n * k < (16 << 20) and triton.cdiv(k, cfg.block_k) >= 8 else 1
+        split = 4 if n * k < (16 << 20) and triton.cdiv(k, cfg.block_k) >= 8 else 1
+        return cfg._replace(split_k=split)
+    cfg = SkinnyConfig(32, min(bk, 256), 4, 3, 1) if m <= 16 else SkinnyConfig(64, min(bk, 128), 4, 4, 1)
+    split, k_tiles, n_tiles = 1, triton.cdiv(k, cfg.block_k), triton.cdiv(n, cfg.block_n)
+    while n_tiles * split < SPLIT_TARGET and split < (8 if m <= 16 else 4) and k_tiles >= 4 * split:
+        split *= 2
     return cfg._replace(split_k=split)
 
 
 def w8a16_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, strategy: str,
                         block: tuple[int, int] | None = None, bias: torch.Tensor | None = None,
                         out: torch.Tensor | None = None, config: SkinnyConfig | None = None) -> torch.Tensor:
-    """Weight-only FP8 GEMM for 1..16 rows: x @ dequantize(weight)^T (+ bias) in x's dtype."""
+    """Weight-only FP8 GEMM for 1..64 rows: x @ dequantize(weight)^T (+ bias) in x's dtype."""
     check_fp8_args(x, weight, scale, strategy, block, bias, out)
     m, (n, k) = x.shape[0], weight.shape
     if not 1 <= m <= W8A16_MAX_M:
@@ -137,7 +157,7 @@ def w8a16_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
             m, n, x.stride(0), weight.stride(0), stride_s, out.stride(0),
             K=k, TILES_PER_SPLIT=triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k),
             STRATEGY=STRATEGIES[strategy], BN_SCALE=bn, BK_SCALE=bk, HAS_BIAS=bias is not None,
-            BLOCK_M=1 if m == 1 else MAX_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+            BLOCK_M=_block_m(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if cfg.split_k > 1:
             _split_reduce_kernel[(triton.cdiv(n, 1024), m)](
@@ -170,18 +190,15 @@ def dequantize_linear(x, weight, scale, strategy, block, bias=None) -> torch.Ten
     return F.linear(x, dequantize_fp8_reference(weight, scale, strategy, block).to(x.dtype), bias)
 
 
-def fp8_path(m: int, dtype: torch.dtype, strategy: str, block) -> str:
-    """Which path M rows take (host ints only): "w8a16", "w8a8" or "dequantize"."""
-    bk = pow2_divisor(block[1], 1 << 30) if strategy == "block" else 1 << 30
-    if 1 <= m <= W8A16_MAX_M:
-        return "w8a16" if bk >= 16 else "dequantize"
-    return "w8a8" if dtype != torch.float32 and bk >= 32 and m > 0 else "dequantize"
-
-
 def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, strategy: str,
                       block: tuple[int, int] | None = None, bias: torch.Tensor | None = None,
                       path: str = "auto") -> torch.Tensor:
-    """x [..., K] -> [..., N]: the path `fp8_path` picks (or the one forced by `path`)."""
+    """x [..., K] -> [..., N]: the path `fp8_path` picks (or the one forced by `path`). An
+    Fp8Activation (quantized by the kernel before: kernels/fp8_fused.py) goes to the w8a8 GEMM."""
+    if isinstance(x, Fp8Activation):
+        if path not in ("auto", "w8a8"):
+            raise ValueError(f"FP8 activations take the w8a8 path, not {path!r}")
+        return w8a8_linear_triton(x, weight, scale, strategy, block, bias)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     path = fp8_path(x2.shape[0], x.dtype, strategy, block) if path == "auto" else path

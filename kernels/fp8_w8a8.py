@@ -17,7 +17,13 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_same_device, check_tensor
-from kernels.fp8_reference import FP8, FP8_MIN_SCALE, activation_group_size
+from kernels.fp8_reference import (  # noqa: F401 - pow2_divisor re-exported (fp8_gemm)
+    FP8,
+    FP8_MIN_SCALE,
+    Fp8Activation,
+    activation_group_size,
+    pow2_divisor,
+)
 
 STRATEGIES = {"tensor": 0, "channel": 1, "block": 2}
 
@@ -89,35 +95,53 @@ def _w8a8_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, y_ptr, M, N,
              mask=m_mask[:, None] & n_mask[None, :])
 
 
-def pow2_divisor(n: int, cap: int) -> int:
-    """The largest power of two dividing n, at most cap."""
-    return min(n & -n, cap)
-
-
 def check_fp8_args(x, weight, scale, strategy, block, bias, out=None) -> None:
     check_tensor("x", x, 2)
-    check_tensor("weight", weight, 2, (FP8,))
-    check_tensor("weight_scale", scale, scale.dim(), (torch.float32,))
-    n, k = weight.shape
-    if x.shape[1] != k:
-        raise ValueError(f"x has {x.shape[1]} columns, weight {tuple(weight.shape)} needs {k}")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown FP8 weight strategy {strategy!r}")
-    want = {"tensor": (1,), "channel": (n,)}.get(strategy) or (-(-n // block[0]), -(-k // block[1]))
-    if tuple(scale.shape) != want or not scale.is_contiguous():
-        raise ValueError(f"{strategy} weight_scale must be contiguous {want}, got {tuple(scale.shape)}")
-    tensors = {"x": x, "weight": weight, "weight_scale": scale}
-    if bias is not None:
-        check_tensor("bias", bias, 1)
-        if bias.shape[0] != n:
-            raise ValueError(f"bias has {bias.shape[0]} entries, expected {n}")
-        tensors["bias"] = bias
+    tensors = _check_weight(x.shape[1], weight, scale, strategy, block, bias)
+    n = weight.shape[0]
+    tensors["x"] = x
     if out is not None:
         check_tensor("out", out, 2, (x.dtype,))
         if tuple(out.shape) != (x.shape[0], n):
             raise ValueError(f"out must be {(x.shape[0], n)}, got {tuple(out.shape)}")
         tensors["out"] = out
     check_same_device(**tensors)
+
+
+def _check_weight(k_in: int, weight, scale, strategy, block, bias) -> dict:
+    """The weight, its scales and the bias for an input of k_in columns; returns them by name."""
+    check_tensor("weight", weight, 2, (FP8,))
+    check_tensor("weight_scale", scale, scale.dim(), (torch.float32,))
+    n, k = weight.shape
+    if k_in != k:
+        raise ValueError(f"x has {k_in} columns, weight {tuple(weight.shape)} needs {k}")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown FP8 weight strategy {strategy!r}")
+    want = {"tensor": (1,), "channel": (n,)}.get(strategy) or (-(-n // block[0]), -(-k // block[1]))
+    if tuple(scale.shape) != want or not scale.is_contiguous():
+        raise ValueError(f"{strategy} weight_scale must be contiguous {want}, got {tuple(scale.shape)}")
+    tensors = {"weight": weight, "weight_scale": scale}
+    if bias is not None:
+        check_tensor("bias", bias, 1)
+        if bias.shape[0] != n:
+            raise ValueError(f"bias has {bias.shape[0]} entries, expected {n}")
+        tensors["bias"] = bias
+    return tensors
+
+
+def check_fp8_activation(x: Fp8Activation, weight, scale, strategy, block, bias) -> None:
+    """Pre-quantized activations: q [M, K] e4m3 and scale [M, ceil(K / group)] float32 as the
+    weight's strategy groups them, dtype a 16/32-bit float (the output's)."""
+    check_tensor("x.q", x.q, 2, (FP8,))
+    check_tensor("x.scale", x.scale, 2, (torch.float32,))
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"x.dtype must be fp16, bf16 or fp32, got {x.dtype}")
+    m, k = x.q.shape
+    tensors = _check_weight(k, weight, scale, strategy, block, bias)
+    groups = triton.cdiv(k, activation_group_size(strategy, block, k))
+    if tuple(x.scale.shape) != (m, groups) or not x.scale.is_contiguous():
+        raise ValueError(f"x.scale must be contiguous {(m, groups)} for {strategy} weights, got {tuple(x.scale.shape)}")
+    check_same_device(q=x.q, scale=x.scale, **tensors)
 
 
 def quantize_activations_triton(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,27 +163,33 @@ def w8a8_config(m: int) -> W8A8Config:
     return W8A8Config(64, 128, 4, 4) if m <= 64 else W8A8Config(128, 128, 8, 3)
 
 
-def w8a8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, strategy: str,
+def w8a8_linear_triton(x: torch.Tensor | Fp8Activation, weight: torch.Tensor, scale: torch.Tensor, strategy: str,
                        block: tuple[int, int] | None = None, bias: torch.Tensor | None = None,
                        backend: str = "auto") -> torch.Tensor:
     """Dynamic per-token (per-group for block weights) activation quantization + an FP8 tensor-core
-    GEMM. backend: "scaled_mm" (tensor / channel), "triton", or "auto" (scaled_mm where it applies)."""
-    check_fp8_args(x, weight, scale, strategy, block, bias)
-    m, (n, k) = x.shape[0], weight.shape
+    GEMM. backend: "scaled_mm" (tensor / channel), "triton", or "auto" (scaled_mm where it applies).
+    x may be an Fp8Activation, quantized already (kernels/fp8_fused.py): no quantization launch."""
+    quantized = isinstance(x, Fp8Activation)
+    if quantized:
+        check_fp8_activation(x, weight, scale, strategy, block, bias)
+    else:
+        check_fp8_args(x, weight, scale, strategy, block, bias)
+    dtype = x.dtype
+    m, (n, k) = (x.q if quantized else x).shape[0], weight.shape
     group = activation_group_size(strategy, block, k)
     if strategy == "block" and pow2_divisor(group, 1 << 30) < 32:
         raise ValueError(f"block {tuple(block)}: bk needs a power-of-two divisor >= 32")
     if backend == "auto":
-        fits = strategy != "block" and x.dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0
+        fits = strategy != "block" and dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0
         backend = "scaled_mm" if fits else "triton"
-    q, x_scale = quantize_activations_triton(x, group)
+    q, x_scale = (x.q, x.scale) if quantized else quantize_activations_triton(x, group)
     if backend == "scaled_mm":
         if strategy == "block":
             raise ValueError("torch._scaled_mm takes tensor / channel weights here")
         w_scale = scale.expand(n).reshape(1, n).contiguous()  # tensor: the scalar on every column
-        y = torch._scaled_mm(q, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype)
+        y = torch._scaled_mm(q, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=dtype)
         return y.add_(bias) if bias is not None else y
-    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    y = torch.empty(m, n, device=weight.device, dtype=dtype)
     if m == 0:
         return y
     cfg = w8a8_config(m)

@@ -135,8 +135,9 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(layers.silu_and_mul(self.gate_up_proj(x))))
+    def forward(self, x) -> torch.Tensor:
+        """x [T, H], or the FP8 activations an FP8 gate_up_proj takes (layers.fp8_input_group)."""
+        return self.tp.all_reduce(self.down_proj(layers.silu_and_mul_for(self.down_proj, self.gate_up_proj(x))))
 
 
 class DecoderLayer(nn.Module):
@@ -153,12 +154,14 @@ class DecoderLayer(nn.Module):
         skinny: run the fused decode path (layers.use_skinny decides it, from host ints)."""
         if skinny:
             return self._forward_skinny(x, residual, positions, attn, kv_cache, cos_sin_cache)
+        # FP8 w8a8 linears (at this row count, on CUDA) take their input quantized by the norm
+        qkv_group = layers.fp8_input_group(self.self_attn.qkv_proj, x)
         if residual is None:
-            h, residual = self.input_layernorm(x), x
+            h, residual = self.input_layernorm(x, quant_group=qkv_group), x
         else:
-            h, residual = self.input_layernorm(x, residual)
+            h, residual = self.input_layernorm(x, residual, quant_group=qkv_group)
         h = self.self_attn(h, positions, attn, kv_cache, cos_sin_cache)
-        h, residual = self.post_attention_layernorm(h, residual)
+        h, residual = self.post_attention_layernorm(h, residual, layers.fp8_input_group(self.mlp.gate_up_proj, h))
         return self.mlp(h), residual
 
     def _forward_skinny(self, x, residual, positions, attn, kv_cache, cos_sin_cache):

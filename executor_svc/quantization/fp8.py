@@ -8,14 +8,17 @@ Scales (`weight_scale`, the multiplier: weight ~ fp8 * scale):
 - "block": [ceil(N/bn), ceil(K/bk)], one per (bn, bk) tile (the last tiles may be partial).
 
 Forward is `kernels.fp8_linear` (kernels/fp8_gemm.py, docs/kernels.md "FP8 GEMMs"): on CUDA a
-weight-only FP8 GEMM dequantizing in registers for <= 16 rows (bandwidth-bound decode: reads the
+weight-only FP8 GEMM dequantizing in registers for <= 64 rows (bandwidth-bound decode: reads the
 fp8 weight once) and, beyond, dynamic per-token (per-group for block weights) FP8 activations on
 the tensor cores (`torch._scaled_mm` rowwise, or a Triton block-scaled GEMM); the path follows
 from M alone, so CUDA graphs replay what they captured. On CPU the w8a16 reference at every M:
 x @ dequantize(weight)^T in float32, rounded once to x's dtype (for float32 models the former
 dequantize-then-F.linear result up to summation order). The skinny decode path of
 models/llama.py reads `.weight` as a dense matrix, so start-up keeps it off
-(`skinny_max_tokens = 0`) for FP8 models.
+(`skinny_max_tokens = 0`) for FP8 models. Where a row count takes the w8a8 path on CUDA,
+`input_quant_group` tells the model to have the RMSNorm / SiLU before the layer emit the FP8
+activations itself (kernels/fp8_fused.py: no separate quantization launch); forward then takes
+that `Fp8Activation` as well as a 16-bit x (o_proj after attention, w8a16 row counts).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from torch import nn
 import kernels
 from executor_svc.model_checks import ModelError
 from executor_svc.quantization.schemes import Fp8Scheme
-from kernels.fp8_reference import dequantize_fp8_reference
+from kernels.fp8_reference import Fp8Activation, dequantize_fp8_reference, fused_quant_group
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -37,7 +40,10 @@ FP8_PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj",
 
 
 class Fp8Linear(nn.Module):
-    """y = x @ dequantize(weight, weight_scale).T + bias, with x and y in the compute dtype."""
+    """y = x @ dequantize(weight, weight_scale).T + bias, with x and y in the compute dtype (or x
+    an Fp8Activation). fuse_input_quantization: class-wide switch of input_quant_group (A/B runs)."""
+
+    fuse_input_quantization: bool = True
 
     def __init__(self, in_features: int, out_features: int, strategy: str,
                  block: tuple[int, int] | None = None, bias: bool = False, dtype: torch.dtype = torch.float32):
@@ -49,8 +55,17 @@ class Fp8Linear(nn.Module):
                                                      dtype=torch.float32), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
         return kernels.fp8_linear(x, self.weight, self.weight_scale, self.strategy, self.block, self.bias)
+
+    def input_quant_group(self, x: torch.Tensor) -> int | None:
+        """For the 16-bit input x [..., K] this layer would get: the activation group size when its
+        row count takes the w8a8 path on CUDA and the kernel before may quantize it (per token, or
+        bk columns), else None. From the device, dtype and shape only (CUDA-graph safe)."""
+        if not (self.fuse_input_quantization and x.is_cuda):
+            return None
+        rows = x.numel() // max(x.shape[-1], 1)
+        return fused_quant_group(rows, x.dtype, self.strategy, self.block, self.in_features)
 
     def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The dense weight [N, K]: fp8 -> fp32, times its scales, in `dtype`."""

@@ -57,3 +57,33 @@ def test_verify_steps_replay_graphs_and_stay_token_exact(runner, depth):
     stats = scheduler.spec.stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert sizes and all(s in (8, 16, 32, 64) for s in sizes), sizes  # every verify step replayed
+
+
+@pytest.mark.parametrize("draft_name", ["same", "small"])
+def test_draft_model_on_cuda_with_graphs_is_token_exact(tmp_path_factory, draft_name):
+    """The draft model's forwards (eager) before target graphs / verify graphs on CUDA: greedy
+    outputs equal those without speculation; a draft equal to the target accepts every draft."""
+    from scheduler_svc.core.spec_decode import SpecDecodeConfig
+
+    base = tmp_path_factory.mktemp("cuda-draft")
+    target = build_random_model(base / "target", "tiny-llama")
+    draft = target if draft_name == "same" else build_random_model(
+        base / "small", "tiny-llama", seed=1, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, intermediate_size=64)
+    runner = build_runner(ExecutorConfig(
+        model=str(target), device="cuda", dtype="float32", max_num_seqs=8, max_num_batched_tokens=64,
+        num_kv_blocks=96, max_model_len=256, block_size=16, cuda_graph_sizes=(1, 2, 4, 8),
+        mixed_cuda_graph_sizes=(8, 16, 32, 64), speculative_model=str(draft), num_speculative_tokens=4))
+    prompts = prompts_for(runner.info().vocab_size)
+    reference, _ = generate(runner, prompts, None, depth=3)
+    spec = SpecDecodeConfig("draft_model", num_speculative_tokens=4, model=runner.info().draft_model_path)
+    sizes = record_graph_sizes(runner)
+    try:
+        tokens, scheduler = generate(runner, prompts, spec, depth=3)
+    finally:
+        del runner.launch
+    assert tokens == reference
+    stats = scheduler.spec.stats
+    assert stats.num_draft_tokens > 0 and sizes and all(s in (8, 16, 32, 64) for s in sizes), sizes
+    if draft_name == "same":
+        assert stats.num_accepted_tokens == stats.num_draft_tokens

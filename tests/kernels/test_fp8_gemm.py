@@ -18,7 +18,7 @@ STRATEGIES = [("tensor", None), ("channel", None), ("block", (128, 128))]
 MODEL_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192),
                 (4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)]
 SHAPES = MODEL_SHAPES + [(1000, 576)] if ON_CUDA else [(200, 320), (72, 200)]  # partial N / K tiles
-ROWS = [1, 2, 8, 16, 64, 256, 1000] if ON_CUDA else [1, 3, 16, 40]
+ROWS = [1, 2, 8, 16, 32, 64, 65, 256, 1000] if ON_CUDA else [1, 3, 16, 40, 70]
 DTYPE = torch.bfloat16 if ON_CUDA else torch.float16
 
 
@@ -136,7 +136,7 @@ def reference_quantization(monkeypatch):
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("m", ROWS)
 def test_fp8_linear_matches_its_reference(m, n, k, strategy, block, reference_quantization):
-    """The dispatch: <= 16 rows the w8a16 kernel (vs the w8a16 reference), more the w8a8 GEMM (vs
+    """The dispatch: <= 64 rows the w8a16 kernel (vs the w8a16 reference), more the w8a8 GEMM (vs
     the w8a8 reference); outputs in x's dtype, bias included."""
     from kernels.fp8_gemm import W8A16_MAX_M, fp8_linear_triton
 
@@ -151,7 +151,7 @@ def test_fp8_linear_matches_its_reference(m, n, k, strategy, block, reference_qu
 @triton_test
 @pytest.mark.parametrize("strategy,block", STRATEGIES + [("block", (32, 48))])
 @pytest.mark.parametrize("dtype", [torch.float32, DTYPE])
-@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("m", [1, 5, 16, 33, 64])
 def test_w8a16_every_config_and_determinism(m, dtype, strategy, block):
     """Each candidate config that fits (split-K included) and the tuned one match the reference and
     repeat bit for bit; bk = 48 runs 16-column K tiles."""
@@ -182,7 +182,7 @@ def test_w8a8_backends(backend, strategy, block, dtype, reference_quantization):
         pytest.skip("interpreted: fp16 Triton only")
     n, k = (2048, 2048) if ON_CUDA else (96, 512)
     w, s, b = fp8_case(n, k, strategy, block, seed=5, device=DEVICE)
-    for m in (17, 100):
+    for m in (17, 100):  # w8a8 runs any row count (fp8_path sends it those beyond W8A16_MAX_M)
         x, bias = _x(m, k, dtype, seed=m, device=DEVICE), b.to(dtype)
         y = w8a8_linear_triton(x, w, s, strategy, block, bias, backend=backend)
         assert rel_err(y, ref.w8a8_linear_reference(x, w, s, strategy, block, bias)) < tolerance(dtype)
@@ -204,15 +204,17 @@ def test_activation_quantization_kernel_matches_the_reference(group):
 
 @triton_test
 def test_fp8_linear_fallbacks_and_fp32():
-    """bk without a power-of-two divisor >= 32 and fp32 activations beyond 16 rows: dequantize path."""
-    from kernels.fp8_gemm import fp8_linear_triton, fp8_path
+    """bk without a power-of-two divisor >= 32 and fp32 activations beyond 64 rows: dequantize path."""
+    from kernels.fp8_gemm import W8A16_MAX_M, fp8_linear_triton, fp8_path
 
-    assert fp8_path(64, torch.bfloat16, "block", (32, 48)) == "dequantize"
-    assert fp8_path(64, torch.float32, "channel", None) == "dequantize"
+    beyond = W8A16_MAX_M + 1
+    assert fp8_path(beyond, torch.bfloat16, "block", (32, 48)) == "dequantize"
+    assert fp8_path(beyond, torch.float32, "channel", None) == "dequantize"
     assert fp8_path(4, torch.bfloat16, "block", (32, 48)) == "w8a16"
-    assert fp8_path(17, torch.bfloat16, "block", (128, 128)) == "w8a8"
+    assert fp8_path(64, torch.bfloat16, "block", (32, 48)) == "w8a16"
+    assert fp8_path(beyond, torch.bfloat16, "block", (128, 128)) == "w8a8"
     w, s, b = fp8_case(96, 192, "block", (32, 48), device=DEVICE)
-    for m, dtype in ((40, DTYPE), (40, torch.float32)):
+    for m, dtype in ((40, DTYPE), (beyond, DTYPE), (beyond, torch.float32)):
         x = _x(m, 192, dtype, device=DEVICE)
         y = fp8_linear_triton(x, w, s, "block", (32, 48), b.to(dtype))
         assert rel_err(y, ref.w8a16_linear_reference(x, w, s, "block", (32, 48), b.to(dtype))) < tolerance(dtype)
@@ -220,11 +222,11 @@ def test_fp8_linear_fallbacks_and_fp32():
 
 @triton_test
 def test_bad_arguments_raise():
-    from kernels.fp8_gemm import w8a16_linear_triton
+    from kernels.fp8_gemm import W8A16_MAX_M, w8a16_linear_triton
 
     w, s, _ = fp8_case(40, 64, "channel", None, device=DEVICE)
     with pytest.raises(ValueError, match="rows"):
-        w8a16_linear_triton(_x(17, 64, DTYPE, device=DEVICE), w, s, "channel")
+        w8a16_linear_triton(_x(W8A16_MAX_M + 1, 64, DTYPE, device=DEVICE), w, s, "channel")
     with pytest.raises(ValueError, match="columns"):
         w8a16_linear_triton(_x(2, 60, DTYPE, device=DEVICE), w, s, "channel")
     with pytest.raises(ValueError, match="weight_scale"):
@@ -246,7 +248,7 @@ def test_cuda_graph_replay_equals_eager(strategy, block):
     n, k = 3072, 2048
     w, s, b = fp8_case(n, k, strategy, block, device="cuda")
     b = b.bfloat16()
-    for m in (1, 8, 16, 64, 256):
+    for m in (1, 8, 16, 32, 64, 65, 256):
         x = _x(m, k, torch.bfloat16, device="cuda")
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):

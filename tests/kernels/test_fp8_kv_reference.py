@@ -149,3 +149,20 @@ def test_rotary_write_kv_reference_quantizes_what_the_unquantized_cache_holds(dt
     assert torch.equal(q8, q)
     assert torch.equal(k8.view(torch.uint8), ref.quantize_kv_reference(kd, FP8, ks).view(torch.uint8))
     assert torch.equal(v8.view(torch.uint8), ref.quantize_kv_reference(vd, FP8, vs).view(torch.uint8))
+
+
+def test_fp8_decode_launch_configs_from_shapes():
+    """FP8 caches get their own launches: twice the tokens per tile of bf16's at head dim 64 (the
+    same bytes), splits counted in those tiles, never more than MAX_SPLITS; bf16 unchanged."""
+    pytest.importorskip("triton")
+    from kernels.attention_decode import MAX_SPLITS, DecodeConfig, decode_launch_config
+
+    assert decode_launch_config(256, 8, 512, 132) == DecodeConfig(64, 1, 2, 3)  # bf16 as swept
+    for batch in (1, 2, 8, 32, 64, 128, 256, 1024):
+        for head_dim in (64, 128):
+            for ctx in (16, 512, 4096):
+                cfg = decode_launch_config(batch, 8, ctx, 132, head_dim, fp8=True)
+                assert cfg.block_n == (128 if head_dim == 64 else 64) and cfg.num_warps in (4, 8)
+                assert 1 <= cfg.num_splits <= min(MAX_SPLITS, -(-ctx // cfg.block_n))
+                if batch * 8 >= 3 * 132:
+                    assert cfg.num_splits == 1

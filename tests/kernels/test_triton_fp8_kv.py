@@ -222,3 +222,56 @@ def test_decode_attention_fp8_cuda_graph_replay(window):
         graph.replay()
         torch.cuda.synchronize()
         assert rel_err(out, dense_attention(dense, window or 0)) < 1e-2
+
+
+def _big_query_case(case, rows_scale):
+    """The case with q's rows multiplied by rows_scale (values far past fp16's 65504 in some rows)."""
+    from dataclasses import replace
+
+    q = (case.q.float().cpu() * rows_scale[:, None, None]).to(case.q.dtype).to(case.q.device)
+    return replace(case, q=q)
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_fp8_attention_query_past_the_fp16_range(decode):
+    """A bf16 q runs its products in fp16 over an FP8 cache: rows of |q| ~ 1e6 must not overflow
+    (fp16_query's shift; the interpreter runs this test too: no bf16 tl.dot), and every row, huge
+    or not, must match the reference."""
+    from kernels.attention_decode import paged_decode_attention_triton
+    from kernels.attention_prefill import paged_attention_triton
+
+    dtype, big = torch.bfloat16, 4e5
+    q_lens, seq_lens = ([1] * 4, [90, 33, 150, 7]) if decode else ([20, 1, 7], [60, 90, 7])
+    case = make_case(q_lens, seq_lens, 16, 4, 64, 16, dtype, DEVICE, seed=11)
+    t = case.q.shape[0]
+    rows_scale = torch.ones(t)
+    rows_scale[::2] = big  # even rows huge, odd rows normal
+    case = _big_query_case(case, rows_scale)
+    case.scale = case.scale / big ** 0.5  # huge rows: large but finite scores (1e6 / big^0.5 ~ 1e3)
+    quantized, dense, (ks, vs) = fp8_case(case, K_SCALE, V_SCALE)
+    c = quantized
+    out = torch.full_like(c.q, POISON)
+    if decode:
+        paged_decode_attention_triton(c.q, c.k_cache, c.v_cache, c.block_tables, c.seq_lens, c.scale, out=out,
+                                      k_scale=ks, v_scale=vs)
+    else:
+        paged_attention_triton(c.q, c.k_cache, c.v_cache, c.block_tables, c.seq_lens, c.query_start_loc, c.scale,
+                               c.max_query_len, out=out, k_scale=ks, v_scale=vs)
+    _check_attention(out, quantized, dense, ks, vs, dtype, decode=decode)
+
+
+@pytest.mark.parametrize("batch", [1, 8, 64, 200])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_attention_fp8_launch_configs(batch, head_dim):
+    """Each FP8 launch decode_launch_config picks (llama-1b's 8 KV heads on an H200, the batch
+    given) runs correctly; run here on a small case through the overrides."""
+    from kernels.attention_decode import decode_launch_config, paged_decode_attention_triton
+
+    cfg = decode_launch_config(batch, 8, 2048, 132, head_dim, fp8=True)
+    case = make_case([1] * 3, [1, 300, 129], 16, 8, head_dim, 16, DTYPES[0], DEVICE, seed=batch)
+    quantized, dense, (ks, vs) = fp8_case(case, K_SCALE, V_SCALE)
+    c = quantized
+    out = paged_decode_attention_triton(c.q, c.k_cache, c.v_cache, c.block_tables, c.seq_lens, c.scale,
+                                        num_splits=min(cfg.num_splits, 5), block_n=cfg.block_n,
+                                        num_warps=cfg.num_warps, num_stages=cfg.num_stages, k_scale=ks, v_scale=vs)
+    _check_attention(out, quantized, dense, ks, vs, DTYPES[0])
