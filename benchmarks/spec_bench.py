@@ -20,6 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
+from benchmarks.harness import _per_step
+
 SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
 INSTRUCTION = "Repeat the following passage exactly, word for word, with nothing before or after it.\n\n"
@@ -112,7 +114,8 @@ def measure(cluster, port: int, prompt: list[int], batch: int, max_tokens: int) 
         steps=status_after.num_steps - status.num_steps, num_drafts=drafts, num_draft_tokens=proposed,
         num_accepted_tokens=accepted, acceptance_rate=accepted / proposed if proposed else None,
         # vLLM's mean acceptance length: tokens a verify step yields (its accepted drafts + 1)
-        acceptance_length=1 + accepted / drafts if drafts else None)
+        acceptance_length=1 + accepted / drafts if drafts else None,
+        per_step=_per_step(status, status_after))  # µs a step on both sides of the stream
     return figures, [ids for ids, _, _ in results]
 
 

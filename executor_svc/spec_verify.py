@@ -38,18 +38,26 @@ ACCEPT_SEED_KEY = 0x5EC_DEC0DE
 
 def rejection_sample(logits: torch.Tensor, draft_ids: torch.Tensor, temperature: torch.Tensor,
                      top_k: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,
-                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                     positions: torch.Tensor, *, all_greedy: bool = False,
+                     need_top_k_top_p: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The rejection rule for point-mass drafts, M positions at once (a pure function).
 
     logits [M, V] of the positions predicting draft_ids [M]; per position the row's sampling
     parameters and the position of the token drawn there. Returns (accepted [M] bool, recovered
     [M] int64): accepted = u < p(draft) with u = uniform_noise(seed ^ ACCEPT_SEED_KEY, position)
     (greedy: draft == argmax); recovered = a sample of p with the draft removed, renormalised,
-    by Gumbel-max with the sampler's noise of (seed, position) (greedy: the argmax)."""
+    by Gumbel-max with the sampler's noise of (seed, position) (greedy: the argmax).
+    Host flags: all_greedy (no row samples: one argmax), need_top_k_top_p (False: no row cuts
+    with top-k / top-p, so no sort over the vocabulary)."""
+    if all_greedy:
+        greedy_ids = logits.argmax(dim=-1)
+        return greedy_ids == draft_ids, greedy_ids
     logits = logits.float()
     greedy_ids = logits.argmax(dim=-1)
     random_rows = temperature > 0
-    scaled = apply_top_k_top_p(logits / temperature.clamp_min(1e-5)[:, None], top_k, top_p)
+    scaled = logits / temperature.clamp_min(1e-5)[:, None]
+    if need_top_k_top_p:
+        scaled = apply_top_k_top_p(scaled, top_k, top_p)
     probs = scaled.softmax(dim=-1)
     p_draft = probs.gather(1, draft_ids[:, None])[:, 0]
     u = uniform_noise(seeds ^ ACCEPT_SEED_KEY, positions, 1)[:, 0]
@@ -73,6 +81,8 @@ class VerifyRows:
     pad_index: torch.Tensor  # [S, Dmax] int64 into the D drafts (0 where past a row's)
     pad_valid: torch.Tensor  # [S, Dmax] bool
     rows: torch.Tensor  # [S] int64 persistent rows
+    all_greedy: bool = False  # host flags of the drafts' rows (rejection_sample)
+    need_top_k_top_p: bool = True
     tokens: torch.Tensor | None = None  # [S, Dmax + 1]: accepted drafts, then the row's token
     num_accepted: torch.Tensor | None = None  # [S]
 
@@ -116,19 +126,40 @@ def prepare_verify(batch: InputBatch, buf: StepBuffers, sched: Scheduled, draft_
     position_of = {int(r): i for i, r in enumerate(sample_rows.tolist())}
     sample_index = np.array([position_of[int(r)] for r in vrows], dtype=np.int64)
 
-    def t(a) -> torch.Tensor:  # CUDA: pinned + non-blocking (a pageable copy would sync the stream)
-        host = torch.as_tensor(np.ascontiguousarray(a))
-        return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+    temperature, top_k, top_p = params[:3]
+    random = temperature > 0
+    ints = [token_index, drafts, top_k, params[3], params[4], pad_index, valid, vrows]
+    ints_d, floats_d = _to_device([np.asarray(a, dtype=np.int64) for a in ints], [temperature, top_p], device)
+    token_index_d, drafts_d, top_k_d, seeds_d, positions_d, pad_index_d, valid_d, vrows_d = ints_d
+    return VerifyRows([batch.states[int(r)] for r in vrows], sample_index, d, token_index_d, drafts_d,
+                      (floats_d[0], top_k_d, floats_d[1], seeds_d, positions_d), pad_index_d,
+                      valid_d.bool(), vrows_d, all_greedy=not random.any(),
+                      need_top_k_top_p=bool((random & ((top_k > 0) | (top_p < 1))).any()))
 
-    return VerifyRows([batch.states[int(r)] for r in vrows], sample_index, d, t(token_index),
-                      t(drafts), tuple(t(p) for p in params), t(pad_index), t(valid), t(vrows))
+
+def _to_device(ints: list[np.ndarray], floats: list[np.ndarray], device: torch.device):
+    """Two host -> device copies for the verify rows' arrays (int64 and float32 ones, each
+    packed into one tensor; CUDA: pinned and non-blocking, a pageable copy would sync the
+    stream), split back into device views of the arrays' shapes."""
+    out = []
+    for arrays, dtype in ((ints, np.int64), (floats, np.float32)):
+        packed = torch.from_numpy(np.concatenate([np.asarray(a, dtype=dtype).ravel() for a in arrays]))
+        if device.type == "cuda":
+            packed = packed.pin_memory().to(device, non_blocking=True)
+        views, start = [], 0
+        for a in arrays:
+            views.append(packed[start:start + a.size].view(a.shape))
+            start += a.size
+        out.append(views)
+    return out
 
 
 def verify(v: VerifyRows, logits: torch.Tensor, last_sampled: torch.Tensor) -> None:
     """Scores the drafts (logits [D, V] of v.token_index), picks each row's tokens and stores
     its last one as the row's last sampled token, where the sampler stored the bonus token."""
     bonus = last_sampled[v.rows]
-    accepted, recovered = rejection_sample(logits, v.draft_ids, *v.params)
+    accepted, recovered = rejection_sample(logits, v.draft_ids, *v.params, all_greedy=v.all_greedy,
+                                           need_top_k_top_p=v.need_top_k_top_p)
     acc = accepted[v.pad_index] & v.pad_valid  # [S, Dmax]
     num_accepted = acc.long().cumprod(dim=1).sum(dim=1)  # [S]
     d = v.pad_valid.sum(dim=1)

@@ -10,7 +10,7 @@ from benchmarks import spec_bench
 from tests.integration.conftest import model_dirs  # noqa: F401 (fixture)
 
 FIGURES = {"batch", "prompt_tokens", "tokens", "wall_s", "tok_s", "tpot_ms", "ttft_ms", "steps",
-           "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "acceptance_length"}
+           "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_rate", "acceptance_length", "per_step"}
 
 
 def test_spec_bench_runs_on_cpu(model_dirs, tmp_path):  # noqa: F811
