@@ -6,6 +6,7 @@ requests are all that rule. See docs/scheduler.md.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -33,10 +34,11 @@ class Scheduler:
     result). A request's blocks return to the pool only once no step in flight includes it.
     detokenizer_factory makes a request's incremental detokenizer (step(token_id) -> str); a
     Tokenizer stands for detokenizer_factory(tokenizer); None means no text, only token ids.
-    """
+    clock: the speculation mode trials' (spec_trials.py)."""
 
     def __init__(self, config: SchedulerCoreConfig,
-                 detokenizer_factory: Callable[[Request], Any] | Tokenizer | None = None):
+                 detokenizer_factory: Callable[[Request], Any] | Tokenizer | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self.config = config
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         if isinstance(detokenizer_factory, Tokenizer):
@@ -48,13 +50,12 @@ class Scheduler:
         # Samples 1..n-1 of a request, until their leader's prompt KV is written (samples.py).
         self.held = HeldSamples(config.block_size, config.enable_prefix_caching)
         self.running: list[Request] = []  # kept in arrival order: the newest is preempted first
-        self._num_arrivals = 0
-        self._next_step_id = 0
+        self._num_arrivals = self._next_step_id = 0
         self._inflight_step_ids: deque[int] = deque()
         self._finished_req_ids: list[int] = []  # for the next plan
         spec = config.speculative
         self.spec = SpecDecoder(spec, config.max_model_len, config.eos_token_ids) if spec else None
-        self.spec_steps = SpecSteps.for_config(spec, self.spec) if spec else None  # (spec_gate.py)
+        self.spec_steps = SpecSteps.for_config(spec, self.spec, clock) if spec else None  # spec_gate.py
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -64,8 +65,7 @@ class Scheduler:
         request.arrival_order = self._num_arrivals
         self._num_arrivals += 1
         request.status = RequestStatus.WAITING
-        request.stop_matcher = StopStringMatcher(request.params.stop,
-                                                 request.params.include_stop_str_in_output)
+        request.stop_matcher = StopStringMatcher(request.params.stop, request.params.include_stop_str_in_output)
         if self.detokenizer_factory is not None:
             request.detokenizer = self.detokenizer_factory(request)
         self.requests[request.req_id] = request
@@ -91,9 +91,7 @@ class Scheduler:
         """Whether schedule() has something to plan (requests, or finished ids to report)."""
         return bool(self.waiting or self.running or self._finished_req_ids)
 
-    # -- load figures --------------------------------------------------------------------
-
-    @property
+    @property  # -- load figures --
     def num_total_blocks(self) -> int:
         return self.kv.pool.num_total_blocks
 
@@ -156,11 +154,9 @@ class Scheduler:
 
     def _make_room(self, request: Request, num_new_tokens: int, out: StepPlan) -> bool:
         """Preempts the newest running requests until request's new slots fit in the pool.
-
-        Blocks of preempted or finished requests still in a step in flight come back only
-        after that step is applied: if those suffice, preempt no more and wait a step.
-        Returns False when request cannot run this step (waiting, or itself preempted).
-        """
+        Blocks of preempted or finished requests still in a step in flight come back only after
+        that step is applied: if those suffice, preempt no more and wait a step. Returns False
+        when request cannot run this step (waiting, or itself preempted)."""
         while not self.kv.can_allocate_slots(request, num_new_tokens):
             num_needed = self.kv.num_blocks_needed(request, num_new_tokens)
             if self.num_free_blocks + self.kv.num_blocks_freeing(self.running) >= num_needed:
@@ -198,14 +194,13 @@ class Scheduler:
             budget -= num_new_tokens
             self.held.release(request, self.waiting)  # its prefix hit may cover its prompt
 
-    def _num_new_tokens(self, request: Request, budget: int, num_computed_tokens: int,
-                        speculate: bool = False) -> int:
+    def _num_new_tokens(self, request: Request, budget: int, num_computed: int, speculate: bool = False) -> int:
         """The one rule: catch computed tokens up with all tokens, within the limits."""
         if length_reached(request, self.config.max_model_len, request.num_pending_tokens):
             return 0  # its last token is in flight: it will finish whatever the token is
         if speculate and request.num_pending_tokens:
             return 0  # speculating: its next drafts need the tokens in flight (docs/scheduler.md)
-        num_new_tokens = request.num_tokens_with_pending - num_computed_tokens
+        num_new_tokens = request.num_tokens_with_pending - num_computed
         if self.config.long_prefill_token_threshold > 0:
             num_new_tokens = min(num_new_tokens, self.config.long_prefill_token_threshold)
         return min(num_new_tokens, budget)
@@ -234,8 +229,7 @@ class Scheduler:
         row); returns what each request produced. Tokens of requests finished or aborted
         meanwhile are discarded. sampled must hold every row that reached the end of its
         tokens (a partial prefill chunk samples nothing); if the executor failed the step,
-        abort its requests first. result carries the logprobs of requests that asked.
-        """
+        abort its requests first. result carries the logprobs of requests that asked."""
         if not output.has_rows():
             return []
         if not self._inflight_step_ids or self._inflight_step_ids[0] != output.step_id:
@@ -270,6 +264,8 @@ class Scheduler:
             self._release_blocks(request)
         if missing:
             raise StepResultError(f"step {output.step_id} returned no token for requests {missing[:8]}")
+        if spec is not None:
+            spec.on_step(sampled)
         return outputs
 
     def _append_tokens(self, request: Request, token_ids: int | list[int],

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .request import Request
+from .spec_trials import ModeTrials
 
 MIN_ACCEPTED = 0.5  # drafts accepted per opportunity below which a request stops speculating
 DECAY = 0.25  # weight of the newest opportunity in the moving average
@@ -103,22 +104,28 @@ def ngram_probe(min_n: int, max_n: int) -> Callable[[Request], bool]:
 
 
 class SpecSteps:
-    """What the scheduler asks of speculation each step: the SpecDecoder (proposals, settling)
-    and the gate, over the scheduler's running requests."""
+    """What the scheduler asks of speculation each step: the SpecDecoder (proposals, settling),
+    the per-request gate and the measured mode trials (spec_trials.py)."""
 
-    def __init__(self, decoder, gate: SpecGate):
-        self.decoder, self.gate = decoder, gate
+    def __init__(self, decoder, gate: SpecGate, trials: ModeTrials):
+        self.decoder, self.gate, self.trials = decoder, gate, trials
 
     @classmethod
-    def for_config(cls, config, decoder) -> SpecSteps:
+    def for_config(cls, config, decoder, clock: Callable[[], float]) -> SpecSteps:
         probe = ngram_probe(config.prompt_lookup_min, config.prompt_lookup_max) if config.method == "ngram" else None
-        return cls(decoder, SpecGate(config.num_speculative_tokens, probe, config.disable_by_batch_size))
+        return cls(decoder, SpecGate(config.num_speculative_tokens, probe, config.disable_by_batch_size),
+                   ModeTrials(clock))
 
     def speculates(self, request: Request, num_running: int) -> bool:
         """Whether the request speculates this step: always while its verify step is in flight
-        (its rejected slots are rolled back after it), else as its sampling and the gate say."""
+        (its rejected slots are rolled back after it), else as the measured mode, its sampling
+        and the gate say."""
         return bool(request.draft_token_ids) or (
-            self.decoder.eligible(request) and self.gate.speculates(request, num_running))
+            self.trials.on and self.decoder.eligible(request) and self.gate.speculates(request, num_running))
+
+    def on_step(self, sampled: dict) -> None:
+        """An applied step's sampled tokens (an int, or a verify row's list), for the trials."""
+        self.trials.on_step(sum(1 if isinstance(t, int) else len(t) for t in sampled.values()))
 
     def propose(self, request: Request, budget: int) -> list[int]:
         drafts = self.decoder.propose(request, budget)

@@ -41,7 +41,7 @@ def generate(runner, prompts, spec, *, depth=3, max_tokens=48, budget=64, temper
         num_blocks=info.num_blocks, block_size=info.block_size, max_num_seqs=info.max_num_seqs,
         max_num_batched_tokens=budget, max_model_len=info.max_model_len,
         eos_token_ids=tuple(info.eos_token_ids), speculative=spec)
-    scheduler = Scheduler(core)
+    scheduler = Scheduler(core, clock=lambda: 0.0)  # no mode trials (spec_trials.py): deterministic
     for i, prompt in enumerate(prompts):
         scheduler.add_request(Request(i, list(prompt), SamplingParams(
             max_tokens=max_tokens, temperature=temperature, ignore_eos=True, seed=i, **params)))

@@ -38,7 +38,8 @@ class LetterDetokenizer:
 
 
 def make_scheduler(**overrides) -> Scheduler:
-    return Scheduler(make_config(**overrides), lambda request: LetterDetokenizer())
+    # a clock that does not move: no speculation mode trials (spec_trials.py), deterministic steps
+    return Scheduler(make_config(**overrides), lambda request: LetterDetokenizer(), clock=lambda: 0.0)
 
 
 def fake_next_token(token_ids: list[int]) -> int:

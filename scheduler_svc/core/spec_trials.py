@@ -1,0 +1,72 @@
+"""Whether speculation pays at all, measured: alternating windows of steps with and without it.
+
+The per-request gate (spec_gate.py) knows how many drafts a request gets accepted, not what a
+verify step costs against a pipelined decode step: that depends on the hardware, the model, the
+batch and both services' host time (at batch 64 a speculating batch can lose even with 98% of
+its drafts accepted, docs/benchmarks.md). So the scheduler measures it: tokens out per second of
+wall time over windows of WINDOW applied steps, speculation on, then a trial window with it off
+(or the other way round), and keeps the faster mode. The first comparison comes at once; after
+that a trial of the losing mode runs every `interval` windows, the interval doubling (up to
+MAX_INTERVAL) each time the same mode wins again, so a settled choice costs little. A mode wins
+only by MARGIN (noise). The clock is the scheduler's (time.perf_counter unless a test gives one;
+one that does not move measures nothing and so runs no trials: speculation stays on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+WINDOW = 32  # applied steps a window
+MARGIN = 1.03  # the other mode must be this much faster to take over
+FIRST_INTERVAL = 4  # windows of the preferred mode before the next trial
+MAX_INTERVAL = 64
+
+
+class ModeTrials:
+    """Decides, window by window, whether speculation is on (`on`)."""
+
+    def __init__(self, clock: Callable[[], float]):
+        self.clock = clock
+        self.preferred = True  # speculation on
+        self.on = True  # the mode of the current window
+        self.rates: dict[bool, float] = {}  # tokens/s of the latest window of each mode
+        self.interval = FIRST_INTERVAL
+        self.windows_left = 0  # windows of the preferred mode before the next trial
+        self._start: float | None = None
+        self._steps = self._tokens = 0
+
+    def on_step(self, num_tokens: int) -> None:
+        """One applied step and the tokens it produced."""
+        now = self.clock()
+        if self._start is None:
+            self._start = now
+            return  # the window starts at its first result
+        self._steps += 1
+        self._tokens += num_tokens
+        if self._steps >= WINDOW:
+            self._end_window(now)
+
+    def _end_window(self, now: float) -> None:
+        elapsed, tokens = now - self._start, self._tokens
+        self._start, self._steps, self._tokens = now, 0, 0
+        if elapsed <= 0:
+            return  # a clock that does not move (tests): nothing measured, no trials
+        self.rates[self.on] = tokens / elapsed
+        trial = self.on != self.preferred
+        if trial or len(self.rates) < 2:
+            if len(self.rates) == 2:
+                winner = self.preferred
+                if self.rates[not self.preferred] > MARGIN * self.rates[self.preferred]:
+                    winner = not self.preferred
+                if winner == self.preferred:
+                    self.interval = min(2 * self.interval, MAX_INTERVAL)
+                else:
+                    self.preferred, self.interval = winner, FIRST_INTERVAL
+                self.windows_left = self.interval
+                self.on = self.preferred
+            else:
+                self.on = not self.on  # the first window of the other mode
+            return
+        self.windows_left -= 1
+        if self.windows_left <= 0:
+            self.on = not self.preferred  # a trial of the other mode
