@@ -20,6 +20,7 @@ WINDOW = 32  # applied steps a window
 MARGIN = 1.03  # the other mode must be this much faster to take over
 FIRST_INTERVAL = 4  # windows of the preferred mode before the next trial
 MAX_INTERVAL = 64
+IDLE_GAP_S = 0.25  # a longer wait between two results (the server was idle) restarts the window
 
 
 class ModeTrials:
@@ -33,14 +34,16 @@ class ModeTrials:
         self.interval = FIRST_INTERVAL
         self.windows_left = 0  # windows of the preferred mode before the next trial
         self._start: float | None = None
+        self._last = 0.0  # the time of the latest result
         self._steps = self._tokens = 0
 
     def on_step(self, num_tokens: int) -> None:
         """One applied step and the tokens it produced."""
-        now = self.clock()
-        if self._start is None:
-            self._start = now
-            return  # the window starts at its first result
+        now, last = self.clock(), self._last
+        self._last = now
+        if self._start is None or now - last > IDLE_GAP_S:
+            self._start, self._steps, self._tokens = now, 0, 0
+            return  # the window starts at its first result (again, after an idle gap)
         self._steps += 1
         self._tokens += num_tokens
         if self._steps >= WINDOW:

@@ -25,7 +25,7 @@ def windows(trials: ModeTrials, clock: Clock, rate: dict[bool, float], n: int) -
     for _ in range(n):
         modes.append(trials.on)
         for _ in range(WINDOW):
-            clock.now += 1.0
+            clock.now += 0.01
             trials.on_step(int(rate[trials.on]))
     return modes
 
@@ -44,6 +44,24 @@ def test_the_faster_mode_wins_and_trials_space_out():
     assert modes[-3:] == [True, True, True] and trials.preferred and trials.interval == FIRST_INTERVAL
 
 
+def test_an_idle_gap_restarts_the_window():
+    clock = Clock()
+    trials = ModeTrials(clock)
+    trials.on_step(0)
+    for i in range(WINDOW - 1):
+        clock.now += 0.01
+        trials.on_step(1)
+    clock.now += 10.0  # idle: the window so far is dropped
+    trials.on_step(1)
+    for i in range(WINDOW - 1):
+        clock.now += 0.01
+        trials.on_step(1)
+    assert trials.rates == {} and trials.on
+    clock.now += 0.01
+    trials.on_step(1)
+    assert trials.rates == {True: pytest.approx(100.0)} and not trials.on
+
+
 def test_a_clock_that_does_not_move_runs_no_trials():
     trials = ModeTrials(lambda: 0.0)
     for _ in range(10 * WINDOW):
@@ -60,7 +78,7 @@ class TimedExecutor(SpecFakeExecutor):
         self.clock, self.verify_cost = clock, verify_cost
 
     def execute(self, plan):
-        self.clock.now += self.verify_cost if plan.num_draft_tokens else 1.0
+        self.clock.now += 0.001 * (self.verify_cost if plan.num_draft_tokens else 1.0)
         return super().execute(plan)
 
 
