@@ -19,8 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_same_device, check_tensor
+from kernels._checks import check_tensor
 from kernels.fp8_reference import FP8, FP8_MIN_SCALE, FUSED_MAX_K, Fp8Activation
+from kernels.norm import check_norm_inputs, rms_norm_row
 
 
 @triton.jit
@@ -45,15 +46,9 @@ def _rms_norm_quant_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
-    h = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if HAS_RESIDUAL:  # as kernels/norm.py: the sum rounded to the input dtype, the next residual
-        r = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
-        h = (h.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        tl.store(new_residual_ptr + row * stride_nr + offs, h, mask=mask)
-    hf = h.to(tl.float32)
-    inv_rms = tl.rsqrt(tl.sum(hf * hf, 0) / hidden + eps)
-    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    y = (hf * inv_rms * w).to(x_ptr.dtype.element_ty).to(tl.float32)  # what rms_norm would store
+    y = rms_norm_row(x_ptr, residual_ptr, weight_ptr, new_residual_ptr, row, stride_x, stride_r, stride_nr,
+                     eps, hidden, offs, mask, HAS_RESIDUAL)
+    y = y.to(x_ptr.dtype.element_ty).to(tl.float32)  # what rms_norm would store
     _quantize_row(y, offs, mask, q_ptr + row * stride_q, s_ptr + row * stride_s, hidden, min_scale, BLOCK, GROUP)
 
 
@@ -89,16 +84,7 @@ def _outputs(x: torch.Tensor, k: int, groups: int) -> Fp8Activation:
 def rms_norm_quant_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
                           group_size: int | None = None):
     """rms_norm_triton emitting FP8: Fp8Activation, or (Fp8Activation, new residual) with residual."""
-    check_tensor("x", x, 2)
-    check_tensor("weight", weight, 1)
-    hidden = x.shape[1]
-    if weight.shape[0] != hidden:
-        raise ValueError(f"weight has {weight.shape[0]} entries, hidden is {hidden}")
-    if residual is not None:
-        check_tensor("residual", residual, 2)
-        if residual.shape != x.shape:
-            raise ValueError(f"residual {tuple(residual.shape)} != x {tuple(x.shape)}")
-        check_same_device(x=x, weight=weight, residual=residual)
+    hidden = check_norm_inputs(x, weight, residual)
     block, group, groups = _launch_shape(hidden, group_size)
     act = _outputs(x, hidden, groups)
     new_residual = torch.empty_like(x) if residual is not None else x

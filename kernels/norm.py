@@ -10,6 +10,23 @@ from kernels._checks import check_same_device, check_tensor
 
 
 @triton.jit
+def rms_norm_row(x_ptr, residual_ptr, weight_ptr, new_residual_ptr, row, stride_x, stride_r, stride_nr,
+                 eps, hidden, offs, mask, HAS_RESIDUAL: tl.constexpr):
+    """One row of (residual add +) RMSNorm, in fp32 before its final rounding; with a residual,
+    the sum is rounded to the input dtype (as an unfused model stores it) and stored as the
+    next residual. Shared with kernels/fp8_fused.py."""
+    h = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        h = (h.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(new_residual_ptr + row * stride_nr + offs, h, mask=mask)
+    hf = h.to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(hf * hf, 0) / hidden + eps)
+    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return hf * inv_rms * w
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, new_residual_ptr,
     stride_x, stride_r, stride_o, stride_nr,
@@ -19,24 +36,13 @@ def _rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
-    h = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
-        # Round the sum to the input dtype, as an unfused model would store it.
-        h = (h.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        tl.store(new_residual_ptr + row * stride_nr + offs, h, mask=mask)
-    hf = h.to(tl.float32)
-    inv_rms = tl.rsqrt(tl.sum(hf * hf, 0) / hidden + eps)
-    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + offs, (hf * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
+    y = rms_norm_row(x_ptr, residual_ptr, weight_ptr, new_residual_ptr, row, stride_x, stride_r, stride_nr,
+                     eps, hidden, offs, mask, HAS_RESIDUAL)
+    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm_triton(
-    x: torch.Tensor,  # [num_tokens, hidden]
-    weight: torch.Tensor,  # [hidden]
-    eps: float,
-    residual: torch.Tensor | None = None,  # [num_tokens, hidden]
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def check_norm_inputs(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> int:
+    """The RMSNorm kernels' argument checks (this one and kernels/fp8_fused.py); -> hidden."""
     check_tensor("x", x, 2)
     check_tensor("weight", weight, 1)
     hidden = x.shape[1]
@@ -47,6 +53,16 @@ def rms_norm_triton(
         if residual.shape != x.shape:
             raise ValueError(f"residual {tuple(residual.shape)} != x {tuple(x.shape)}")
         check_same_device(x=x, weight=weight, residual=residual)
+    return hidden
+
+
+def rms_norm_triton(
+    x: torch.Tensor,  # [num_tokens, hidden]
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+    residual: torch.Tensor | None = None,  # [num_tokens, hidden]
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    hidden = check_norm_inputs(x, weight, residual)
     out = torch.empty_like(x)
     new_residual = torch.empty_like(x) if residual is not None else out
     if x.shape[0] > 0:

@@ -13,8 +13,8 @@ from typing import Any
 
 from step_protocol.domain import NewRequestData, StepPlan, StepResult
 
-from .detokenizer import detokenizer_factory as make_detokenizer_factory
 from .core_config import SchedulerCoreConfig  # noqa: F401  (re-exported: the core's config)
+from .detokenizer import detokenizer_factory as make_detokenizer_factory
 from .kv_cache_manager import KVCacheManager, check_runnable
 from .logprobs import StepLogprobs, StepResultError, collect_prompt_logprobs
 from .outputs import RequestOutput

@@ -125,20 +125,17 @@ def test_mixed_steps_replay_padded_mixed_graphs_and_match_transformers(model_dir
 def test_verify_steps_replay_mixed_graphs_token_exact(model_dirs):
     """Speculative verify rows through mixed graphs: the drafts' logits from the graph's
     hidden-state buffer; greedy outputs equal those without speculation."""
-    from tests.integration.test_spec_decode import SPEC, generate, prompts_for
+    from tests.integration.test_spec_decode import (
+        SPEC,
+        generate,
+        prompts_for,
+        record_graph_sizes,
+    )
 
     runner = runner_with_eager_graphs(model_dirs["tiny-llama"], (1, 2, 4, 8), (16, 32, 64))
-    sizes, launch = [], runner.launch
-
-    def recording(plan, *args, **kw):
-        handle = launch(plan, *args, **kw)
-        if plan.num_draft_tokens:
-            sizes.append(handle.out.graph_size)
-        return handle
-
     prompts = prompts_for(runner.info().vocab_size)
     reference, _ = generate(runner, prompts, None, depth=3)
-    runner.launch = recording
+    sizes = record_graph_sizes(runner)
     tokens, scheduler = generate(runner, prompts, SPEC, depth=3)
     assert tokens == reference
     assert 0 < scheduler.spec.stats.num_accepted_tokens < scheduler.spec.stats.num_draft_tokens

@@ -10,7 +10,12 @@ import torch
 from executor_svc.config import ExecutorConfig
 from executor_svc.random_model import build_random_model
 from executor_svc.startup import build_runner
-from tests.integration.test_spec_decode import SPEC, generate, prompts_for
+from tests.integration.test_spec_decode import (
+    SPEC,
+    generate,
+    prompts_for,
+    record_graph_sizes,
+)
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -22,20 +27,6 @@ def runner(tmp_path_factory):
         model=str(path), device="cuda", dtype="float32", max_num_seqs=8, max_num_batched_tokens=64,
         num_kv_blocks=96, max_model_len=256, block_size=16, cuda_graph_sizes=(1, 2, 4, 8),
         mixed_cuda_graph_sizes=(8, 16, 32, 64)))
-
-
-def record_graph_sizes(runner):
-    """Wraps runner.launch: the graph size of every launched verify step (0 = eager)."""
-    sizes, launch = [], runner.launch
-
-    def recording(plan, *args, **kw):
-        handle = launch(plan, *args, **kw)
-        if plan.num_draft_tokens:
-            sizes.append(handle.out.graph_size)
-        return handle
-
-    runner.launch = recording
-    return sizes
 
 
 @pytest.mark.parametrize("depth", [1, 3])

@@ -110,17 +110,20 @@ def test_sampled_with_speculation_runs_and_is_replayable(runners, monkeypatch):
     assert s.spec.stats.num_draft_tokens > 0
 
 
-def test_both_services_with_speculation_match_transformers(tmp_path_factory, hf_greedy, model_dirs):
-    """The flag through real processes: greedy streams equal transformers', drafts counted."""
+def services_greedy_match_transformers(tmp_path_factory, hf_greedy, model_dirs, name: str, text: str,
+                                       executor_args=()) -> dict[str, float]:
+    """Both services as processes with --speculative-config `text` (and executor_args): the
+    greedy streams of prompts_for(500) equal transformers', every block comes back; returns
+    the scheduler's llmserve:spec_decode_num_* metrics."""
     import concurrent.futures as cf
     import urllib.request
 
-    from benchmarks.cluster import free_port, generate as generate_rpc
+    from benchmarks.cluster import free_port
+    from benchmarks.cluster import generate as generate_rpc
     from tests.integration.conftest import start_cluster
 
-    text = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
     port = free_port()
-    cluster = start_cluster(tmp_path_factory, model_dirs["llama"], "spec",
+    cluster = start_cluster(tmp_path_factory, model_dirs["llama"], name, executor_args=list(executor_args),
                             scheduler_args=["--speculative-config", text, "--metrics-port", str(port)])
     try:
         prompts = prompts_for(500)
@@ -131,8 +134,29 @@ def test_both_services_with_speculation_match_transformers(tmp_path_factory, hf_
             assert ids == hf_greedy("llama", p, 40)
         assert cluster.wait_idle().free_blocks == cluster.status().total_blocks
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        drafted = [line for line in metrics.splitlines()
-                   if line.startswith("llmserve:spec_decode_num_draft_tokens_total")]
-        assert drafted and float(drafted[0].split()[-1]) > 0
     finally:
         cluster.stop()
+    return {line.split()[0].split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
+            if line.startswith("llmserve:spec_decode_num_")}
+
+
+def test_both_services_with_speculation_match_transformers(tmp_path_factory, hf_greedy, model_dirs):
+    """The flag through real processes: greedy streams equal transformers', drafts counted."""
+    text = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+    values = services_greedy_match_transformers(tmp_path_factory, hf_greedy, model_dirs, "spec", text)
+    assert values["llmserve:spec_decode_num_draft_tokens_total"] > 0
+
+
+def record_graph_sizes(runner) -> list[int]:
+    """Wraps runner.launch (an instance attribute: `del runner.launch` restores it): the graph
+    size of every launched verify step (0 = eager) is appended to the returned list."""
+    sizes, launch = [], runner.launch
+
+    def recording(plan, *args, **kw):
+        handle = launch(plan, *args, **kw)
+        if plan.num_draft_tokens:
+            sizes.append(handle.out.graph_size)
+        return handle
+
+    runner.launch = recording
+    return sizes

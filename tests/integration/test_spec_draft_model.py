@@ -172,32 +172,13 @@ def test_start_up_refuses_a_draft_it_cannot_use(folders, tmp_path):
 def test_both_services_with_a_draft_model_match_transformers(tmp_path_factory, hf_greedy, model_dirs):
     """The flag through real processes (the launcher's form: the same JSON to both); greedy
     streams equal transformers', every draft accepted (the draft is the target's folder)."""
-    import concurrent.futures as cf
-    import urllib.request
-
-    from benchmarks.cluster import free_port, generate as generate_rpc
-    from tests.integration.conftest import start_cluster
+    from tests.integration.test_spec_decode import services_greedy_match_transformers
 
     text = json.dumps({"model": str(model_dirs["llama"]), "num_speculative_tokens": 3})
-    port = free_port()
-    cluster = start_cluster(tmp_path_factory, model_dirs["llama"], "spec-draft",
-                            executor_args=["--speculative-config", text],
-                            scheduler_args=["--speculative-config", text, "--metrics-port", str(port)])
-    try:
-        prompts = prompts_for(500)
-        with cf.ThreadPoolExecutor(len(prompts)) as pool:
-            got = list(pool.map(lambda p: generate_rpc(cluster.stub, prompt_ids=p, max_tokens=40,
-                                                       temperature=0.0)[0], prompts))
-        for p, ids in zip(prompts, got):
-            assert ids == hf_greedy("llama", p, 40)
-        assert cluster.wait_idle().free_blocks == cluster.status().total_blocks
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        values = {line.split()[0].split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
-                  if line.startswith("llmserve:spec_decode_num_")}
-        drafted = values["llmserve:spec_decode_num_draft_tokens_total"]
-        assert drafted > 0 and values["llmserve:spec_decode_num_accepted_tokens_total"] == drafted
-    finally:
-        cluster.stop()
+    values = services_greedy_match_transformers(tmp_path_factory, hf_greedy, model_dirs, "spec-draft", text,
+                                                executor_args=["--speculative-config", text])
+    drafted = values["llmserve:spec_decode_num_draft_tokens_total"]
+    assert drafted > 0 and values["llmserve:spec_decode_num_accepted_tokens_total"] == drafted
 
 
 def test_a_scheduler_asking_for_a_draft_model_the_executor_lacks_exits(model_dirs, tmp_path):

@@ -68,9 +68,9 @@ def same(a, b) -> bool:
     return key(a) == key(b)
 
 
-def drive(spec, arrivals, aborts=None, depth=1, **config):
+def drive(spec, arrivals, aborts=None, depth=1, executor_class=None, **config):
     scheduler = make_scheduler(speculative=spec, **config)
-    executor = SpecFakeExecutor(scheduler.config.block_size)
+    executor = (executor_class or SpecFakeExecutor)(scheduler.config.block_size)
     streams, plans = run(scheduler, arrivals, aborts, ahead=depth, executor=executor)
     return streams, plans, scheduler
 

@@ -9,10 +9,21 @@ from __future__ import annotations
 import pytest
 
 from scheduler_svc.core.logprobs import StepResultError
-from scheduler_svc.core.spec_decode import SpecDecodeConfig, check_executor, parse_speculative_config
+from scheduler_svc.core.spec_decode import (
+    SpecDecodeConfig,
+    check_executor,
+    parse_speculative_config,
+)
 from step_protocol.domain import DraftSlots, ExecutorInfo
-from tests.scheduler.core.test_spec_decode import SPEC, SpecFakeExecutor, model, same, scenario
-from tests.scheduler.sched_driver import make_scheduler, req, run
+from tests.scheduler.core.test_spec_decode import (
+    SPEC,
+    SpecFakeExecutor,
+    model,
+    same,
+    scenario,
+)
+from tests.scheduler.core.test_spec_decode import drive as spec_drive
+from tests.scheduler.sched_driver import make_scheduler, req
 
 DRAFT = SpecDecodeConfig("draft_model", num_speculative_tokens=3, model="/models/draft")
 
@@ -43,10 +54,7 @@ class DraftFakeExecutor(SpecFakeExecutor):
 
 
 def drive(spec, arrivals, aborts=None, depth=1, **config):
-    scheduler = make_scheduler(speculative=spec, **config)
-    executor = DraftFakeExecutor(scheduler.config.block_size)
-    streams, plans = run(scheduler, arrivals, aborts, ahead=depth, executor=executor)
-    return streams, plans, scheduler
+    return spec_drive(spec, arrivals, aborts, depth, executor_class=DraftFakeExecutor, **config)
 
 
 def test_parse_draft_model_config():

@@ -10,7 +10,12 @@ import pytest
 
 from scheduler_svc.core import spec_gate
 from scheduler_svc.core.spec_decode import parse_speculative_config
-from scheduler_svc.core.spec_gate import LOOKUP_STEPS, MIN_ACCEPTED, PROBE_STEPS, SpecGate
+from scheduler_svc.core.spec_gate import (
+    LOOKUP_STEPS,
+    MIN_ACCEPTED,
+    PROBE_STEPS,
+    SpecGate,
+)
 from tests.scheduler.core import test_spec_decode
 from tests.scheduler.core.test_spec_decode import SPEC, drive, same
 from tests.scheduler.sched_driver import fake_next_token, req
