@@ -50,7 +50,8 @@ async def serve(config: SchedulerConfig) -> bool:
              info.model_name, info.num_blocks, info.block_size, info.max_model_len,
              list(info.cuda_graph_sizes) or "off")
     metrics.bind(engine, info.model_name, info.max_model_len)
-    tokenizer = Tokenizer.from_pretrained(config.tokenizer or info.model_path)
+    # Off the event loop: the starting server on this loop keeps answering health meanwhile.
+    tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained, config.tokenizer or info.model_path)
 
     pool = TokenizePool(tokenizer, config.tokenizer_pool_size, max_pending=config.max_waiting)
     server, health_servicer = build_public_server(config, engine, pool, credentials)

@@ -84,7 +84,7 @@ class EngineCore:
         info = await self._client.connect(timeout)
         path = self._config.tokenizer or info.model_path
         if path not in self._tokenizers:
-            self._tokenizers[path] = Tokenizer.from_pretrained(path)
+            self._tokenizers[path] = await asyncio.to_thread(Tokenizer.from_pretrained, path)  # off the loop
         self.scheduler = Scheduler(core_config(self._config, info), self._tokenizers[path])
         depth = self._config.pipeline_depth if self._config.overlap else 1
         self.loop = StepLoop(self.scheduler, self._client, depth, on_outputs=self._publish,
