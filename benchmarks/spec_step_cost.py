@@ -1,0 +1,109 @@
+"""What a speculative verify step costs against a decode step, in one process (no gRPC): the
+scheduler core driving a ModelRunner through the engine's step loop (benchmarks/inprocess.py),
+speculation forced on (every request speculates whatever its acceptance, and a lookup that
+finds nothing proposes its last token k times; no mode trials), so every decode row is a
+verify row of k drafts and the figures are the mechanism's cost, not its payoff.
+
+    python -m benchmarks.spec_step_cost [--model FOLDER] [--device cpu|cuda] [--batches 1 64]
+
+Per batch and mode (off: pipelined decode at depth 3; on: n-gram verify rows of k = 4): wall
+per step, the executor's host time per step (prepare, launch) and its device time (forward +
+sample, from its timer), and the scheduler's schedule / apply time per step. Without --model a
+tiny random model is built on the CPU (host costs dominate there; see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+from benchmarks.inprocess import InProcessTransport
+from scheduler_svc.core import spec_gate
+from scheduler_svc.core.request import Request, SamplingParams
+from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig
+from scheduler_svc.core.spec_decode import NgramIndex, SpecDecodeConfig
+from scheduler_svc.engine.step_loop import LoopTimings, StepLoop
+
+SPEC = SpecDecodeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=1)
+FIELDS = ("prepare_us", "launch_us", "forward_us", "sample_us")
+
+
+def measure(runner, batch: int, spec: SpecDecodeConfig | None, max_tokens: int = 64) -> dict:
+    runner.reset()
+    info = runner.info()
+    core = SchedulerCoreConfig(num_blocks=info.num_blocks, block_size=info.block_size,
+                               max_num_seqs=info.max_num_seqs, max_num_batched_tokens=info.max_num_batched_tokens,
+                               max_model_len=info.max_model_len, eos_token_ids=(), speculative=spec)
+    scheduler = Scheduler(core, clock=lambda: 0.0)  # no mode trials
+    prompt = [5, 6, 7, 8] * 8  # repeats: the lookup always finds drafts
+    for i in range(batch):
+        scheduler.add_request(Request(i, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+    results, launch = [], runner.launch
+
+    def recording(plan, *args, **kw):
+        handle = launch(plan, *args, **kw)
+        results.append((plan, handle))
+        return handle
+
+    timings = LoopTimings()
+    loop = StepLoop(scheduler, InProcessTransport(runner), 3, lambda outputs, errors: None, timings=timings)
+    runner.launch = recording
+    t0 = time.perf_counter()
+    try:
+        asyncio.run(loop.run_until_idle())
+    finally:
+        del runner.launch
+    wall = time.perf_counter() - t0
+    steps = [h.out for p, h in results[1:]]  # the prefill left out
+    n = max(len(steps), 1)
+    out = dict(batch=batch, steps=len(results), wall_per_step_us=1e6 * wall / len(results),
+               verify_steps=sum(bool(p.num_draft_tokens) for p, _ in results),
+               tokens_per_s=batch * max_tokens / wall,
+               schedule_us=timings.schedule_us / len(results), apply_us=timings.apply_us / len(results))
+    out.update({f: sum(getattr(s, f) for s in steps) / n for f in FIELDS})
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    from executor_svc.config import ExecutorConfig
+    from executor_svc.random_model import build_random_model
+    from executor_svc.startup import build_runner
+
+    model = args.model or str(build_random_model(Path(tempfile.mkdtemp()) / "tiny", "tiny-llama"))
+    runner = build_runner(ExecutorConfig.from_args(["--model", model, "--device", args.device,
+                                                    "--max-num-seqs", str(max(args.batches)),
+                                                    "--insecure-no-auth"]))
+    rows = []
+    lookup = NgramIndex.propose
+
+    def always(index, between, length, k):  # a lookup that finds nothing proposes anyway
+        return lookup(index, between, length, k) or between(length - 1, length) * k
+
+    with mock.patch.object(spec_gate, "MIN_ACCEPTED", 0.0), mock.patch.object(NgramIndex, "propose", always):
+        for b in args.batches:
+            for mode, spec in (("off", None), ("on", SPEC)):
+                measure(runner, b, spec, 8)  # warm-up
+                row = dict(mode=mode, **measure(runner, b, spec))
+                rows.append(row)
+                print(f"b={b:<3} {mode:<3} steps {row['steps']:>4} (verify {row['verify_steps']:>3}) "
+                      f"wall/step {row['wall_per_step_us']:>8.0f} us  prepare {row['prepare_us']:>6.0f}  "
+                      f"launch {row['launch_us']:>7.0f}  device {row['forward_us'] + row['sample_us']:>7.0f}  "
+                      f"schedule {row['schedule_us']:>6.0f}  apply {row['apply_us']:>6.0f}  "
+                      f"{row['tokens_per_s']:>8.0f} tok/s", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
