@@ -69,6 +69,21 @@ def measure(runner, batch: int, spec: SpecDecodeConfig | None, max_tokens: int =
     return out
 
 
+def compare(runner, batches, max_tokens: int = 64) -> list[dict]:
+    """measure() off and on (forced) for each batch, after a short warm-up of each."""
+    rows, lookup = [], NgramIndex.propose
+
+    def always(index, between, length, k):  # a lookup that finds nothing proposes anyway
+        return lookup(index, between, length, k) or between(length - 1, length) * k
+
+    with mock.patch.object(spec_gate, "MIN_ACCEPTED", 0.0), mock.patch.object(NgramIndex, "propose", always):
+        for b in batches:
+            for mode, spec in (("off", None), ("on", SPEC)):
+                measure(runner, b, spec, 8)  # warm-up
+                rows.append(dict(mode=mode, **measure(runner, b, spec, max_tokens)))
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="")
@@ -84,23 +99,13 @@ def main() -> None:
     runner = build_runner(ExecutorConfig.from_args(["--model", model, "--device", args.device,
                                                     "--max-num-seqs", str(max(args.batches)),
                                                     "--insecure-no-auth"]))
-    rows = []
-    lookup = NgramIndex.propose
-
-    def always(index, between, length, k):  # a lookup that finds nothing proposes anyway
-        return lookup(index, between, length, k) or between(length - 1, length) * k
-
-    with mock.patch.object(spec_gate, "MIN_ACCEPTED", 0.0), mock.patch.object(NgramIndex, "propose", always):
-        for b in args.batches:
-            for mode, spec in (("off", None), ("on", SPEC)):
-                measure(runner, b, spec, 8)  # warm-up
-                row = dict(mode=mode, **measure(runner, b, spec))
-                rows.append(row)
-                print(f"b={b:<3} {mode:<3} steps {row['steps']:>4} (verify {row['verify_steps']:>3}) "
-                      f"wall/step {row['wall_per_step_us']:>8.0f} us  prepare {row['prepare_us']:>6.0f}  "
-                      f"launch {row['launch_us']:>7.0f}  device {row['forward_us'] + row['sample_us']:>7.0f}  "
-                      f"schedule {row['schedule_us']:>6.0f}  apply {row['apply_us']:>6.0f}  "
-                      f"{row['tokens_per_s']:>8.0f} tok/s", flush=True)
+    rows = compare(runner, args.batches)
+    for row in rows:
+        print(f"b={row['batch']:<3} {row['mode']:<3} steps {row['steps']:>4} (verify {row['verify_steps']:>3}) "
+              f"wall/step {row['wall_per_step_us']:>8.0f} us  prepare {row['prepare_us']:>6.0f}  "
+              f"launch {row['launch_us']:>7.0f}  device {row['forward_us'] + row['sample_us']:>7.0f}  "
+              f"schedule {row['schedule_us']:>6.0f}  apply {row['apply_us']:>6.0f}  "
+              f"{row['tokens_per_s']:>8.0f} tok/s")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
