@@ -166,23 +166,33 @@ def test_prefix_cache_never_shares_rejected_drafts_kv():
     assert s.spec.stats.num_draft_tokens > s.spec.stats.num_accepted_tokens > 0
 
 
-def test_cancel_mid_speculation_frees_every_block():
-    s = make_scheduler(speculative=SPEC, num_blocks=32, block_size=4)
-    executor = SpecFakeExecutor(4)
+def cancel_mid_verify(spec, executor_class, check_verify_plan) -> None:
+    """A request cancelled while its verify step is in flight: its blocks stay held until the
+    step is applied, then all come back. check_verify_plan(plan, scheduler, total blocks)
+    asserts the verify row's plan (its token and 3 drafts, slots 12..15)."""
+    s = make_scheduler(speculative=spec, num_blocks=32, block_size=4)
+    executor = executor_class(4)
     s.add_request(req(0, [1, 2, 3] * 4, max_tokens=30))
     total = s.num_total_blocks
     plan = s.schedule()  # the prompt: 12 tokens, 3 blocks
     s.update_from_output(plan, executor.execute(plan).sampled())
     executor.applied(plan.step_id)
-    plan = s.schedule()  # a verify row: its token and 3 drafts, slots 12..15
-    assert plan.draft_token_ids == [2, 3, 1] and plan.cached_requests.num_scheduled_tokens == [4]
-    assert plan.cached_requests.new_block_ids == [4] and s.num_free_blocks == total - 4
+    plan = s.schedule()
+    check_verify_plan(plan, s, total)
     result = executor.execute(plan)
     s.abort_request(0)  # while the verify step is in flight: its blocks stay held
     assert s.num_free_blocks == total - 4
     assert s.update_from_output(plan, result.sampled(), result) == []
     assert s.num_free_blocks == total and not s.requests
     assert s.schedule().finished_req_ids == [0]
+
+
+def test_cancel_mid_speculation_frees_every_block():
+    def check(plan, s, total):
+        assert plan.draft_token_ids == [2, 3, 1] and plan.cached_requests.num_scheduled_tokens == [4]
+        assert plan.cached_requests.new_block_ids == [4] and s.num_free_blocks == total - 4
+
+    cancel_mid_verify(SPEC, SpecFakeExecutor, check)
 
 
 def test_rejected_drafts_move_computed_back():

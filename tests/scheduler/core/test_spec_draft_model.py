@@ -18,6 +18,7 @@ from step_protocol.domain import DraftSlots, ExecutorInfo
 from tests.scheduler.core.test_spec_decode import (
     SPEC,
     SpecFakeExecutor,
+    cancel_mid_verify,
     model,
     same,
     scenario,
@@ -110,19 +111,8 @@ def test_outputs_equal_without_speculation(depth, budget):
 
 
 def test_cancel_mid_speculation_frees_every_block():
-    s = make_scheduler(speculative=DRAFT, num_blocks=32, block_size=4)
-    executor = DraftFakeExecutor(4)
-    s.add_request(req(0, [1, 2, 3] * 4, max_tokens=30))
-    total = s.num_total_blocks
-    plan = s.schedule()  # the prompt: 12 tokens, 3 blocks
-    s.update_from_output(plan, executor.execute(plan).sampled())
-    executor.applied(plan.step_id)
-    plan = s.schedule()  # a verify row: its token and 3 drafts the executor proposes
-    assert (plan.num_draft_tokens, plan.draft_token_ids) == ([3], [])
-    assert plan.cached_requests.num_scheduled_tokens == [4] and s.num_free_blocks == total - 4
-    result = executor.execute(plan)
-    s.abort_request(0)  # while the verify step is in flight: its blocks stay held
-    assert s.num_free_blocks == total - 4
-    assert s.update_from_output(plan, result.sampled(), result) == []
-    assert s.num_free_blocks == total and not s.requests
-    assert s.schedule().finished_req_ids == [0]
+    def check(plan, s, total):  # its token and 3 drafts the executor proposes
+        assert (plan.num_draft_tokens, plan.draft_token_ids) == ([3], [])
+        assert plan.cached_requests.num_scheduled_tokens == [4] and s.num_free_blocks == total - 4
+
+    cancel_mid_verify(DRAFT, DraftFakeExecutor, check)
