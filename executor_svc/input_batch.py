@@ -42,6 +42,9 @@ class InputBatch:
         self.seed = np.zeros(s, dtype=np.int64)
         # [max_num_seqs + 1] int64; the extra row is scratch for padded rows of a graph
         self.last_sampled_gpu = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=device)
+        # Per row: whether its last verify row (and every row of its chain) accepted every
+        # draft; read by a chained verify row (spec_verify.py), written by every verify row.
+        self.chain_ok_gpu = torch.zeros(max_num_seqs + 1, dtype=torch.bool, device=device)
 
     def add(self, new: NewRequestData) -> RequestState:
         if new.req_id in self.requests:

@@ -144,6 +144,8 @@ class ModelRunner:
             timer.mark()
             sampled_host = self._sampled_host[parity][:step.num_sample]
             handle = StepHandle(out, [], sampled_host, timer, prev_end=self._last_end)
+            if spec is not None and spec.chained is not None:  # last tokens before the sampler's (void rows)
+                spec.prev_last = self.batch.last_sampled_gpu[spec.rows]
             if step.num_sample:
                 decode_size = shape.num_reqs if shape is not None and shape.decode else 0
                 handle.logprobs = self._sample(step, logits, sampled_host, decode_size)
@@ -208,10 +210,12 @@ class ModelRunner:
         counts = np.concatenate([
             np.array([new.num_scheduled_tokens for new in plan.new_requests], dtype=np.int64),
             np.asarray(cached.num_scheduled_tokens, dtype=np.int64)])
-        drafts = checked.num_drafts
+        drafts, chained = checked.num_drafts, checked.chained
         if drafts is not None:
             drafts = np.concatenate([np.zeros(len(new_rows), dtype=np.int64), drafts])
-        return Scheduled(rows, counts, drafts)
+        if chained is not None:
+            chained = np.concatenate([np.zeros(len(new_rows), dtype=bool), chained])
+        return Scheduled(rows, counts, drafts, chained)
 
     def _apply_rollbacks(self) -> None:
         self._rollbacks.apply(self.batch)
@@ -219,7 +223,8 @@ class ModelRunner:
     def _verify(self, spec: VerifyRows, hidden: torch.Tensor) -> VerifyRows | None:
         """Scores the drafts and picks the verify rows' tokens (spec_verify.verify); returns what
         finish() reads (None: nothing to answer or roll back)."""
-        verify(spec, self.model.compute_logits(hidden[spec.token_index]), self.batch.last_sampled_gpu)
+        verify(spec, self.model.compute_logits(hidden[spec.token_index]), self.batch.last_sampled_gpu,
+               self.batch.chain_ok_gpu)
         return spec
 
     def _prepare(self, scheduled: Scheduled) -> PreparedStep:

@@ -34,6 +34,7 @@ class CheckedPlan:
     cached_rows: np.ndarray  # [C] int64: persistent rows of plan.cached_requests.req_ids
     num_new_blocks: np.ndarray  # [C] int64: plan.cached_requests.num_new_blocks
     num_drafts: np.ndarray | None = None  # [C] int64 draft tokens per cached row; None = none
+    chained: np.ndarray | None = None  # [C] bool: chained verify rows (spec_verify.py); None = none
 
 
 def check_plan(plan: StepPlan, batch: InputBatch, info: ExecutorInfo) -> CheckedPlan:
@@ -46,9 +47,10 @@ def check_plan(plan: StepPlan, batch: InputBatch, info: ExecutorInfo) -> Checked
         _check_new_request(new, info, batch.max_blocks_per_seq)
     _check_block_ids(plan, num_new_blocks, info.num_blocks)
     num_drafts = _check_drafts(plan, cached_rows, num_scheduled, batch, info)
+    chained = _check_chained(plan, num_drafts, info)
     _check_cached_spans(plan, cached_rows, num_scheduled, num_new_blocks, batch, info,
                         0 if num_drafts is None else num_drafts)
-    return CheckedPlan(plan, cached_rows, num_new_blocks, num_drafts)
+    return CheckedPlan(plan, cached_rows, num_new_blocks, num_drafts, chained)
 
 
 def _check_drafts(plan: StepPlan, rows: np.ndarray, n: np.ndarray, batch: InputBatch,
@@ -81,6 +83,28 @@ def _check_drafts(plan: StepPlan, rows: np.ndarray, n: np.ndarray, batch: InputB
         raise PlanError(f"cached request {plan.cached_requests.req_ids[i]}: {d[i]} drafts need a decode "
                         f"row of {d[i] + 1} tokens without logits processors or logprobs")
     return d
+
+
+def _check_chained(plan: StepPlan, num_drafts: np.ndarray | None, info: ExecutorInfo) -> np.ndarray | None:
+    """Chained verify rows (spec_verify.py): [C] bool, or None without any. Only rows with
+    drafts of the plan's own (n-gram) can be chained: a draft model proposes after the
+    previous row's tokens are known on the device, so its rows never chain."""
+    if not plan.draft_chained:
+        return None
+    flags = np.asarray(plan.draft_chained, dtype=bool).reshape(-1)
+    num_cached = len(plan.cached_requests.req_ids)
+    if len(flags) > num_cached:
+        raise PlanError(f"draft_chained has {len(flags)} entries for {num_cached} cached rows")
+    if info.draft_model_path and flags.any():
+        raise PlanError("chained verify rows need the plan's own drafts; this executor's draft "
+                        "model proposes them")
+    chained = np.zeros(num_cached, dtype=bool)
+    chained[:len(flags)] = flags
+    bad = np.flatnonzero(chained & (num_drafts == 0)) if num_drafts is not None else np.flatnonzero(chained)
+    if len(bad):
+        raise PlanError(f"cached request {plan.cached_requests.req_ids[int(bad[0])]} is a chained "
+                        "verify row without drafts")
+    return chained if chained.any() else None
 
 
 def _check_ids(plan: StepPlan, batch: InputBatch, gone: set[int]) -> None:

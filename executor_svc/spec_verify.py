@@ -12,9 +12,18 @@ hash (kernels/reference.py uniform_noise, Gumbel-max): replayable from (seed, po
 
 The row answers its accepted drafts and that one token. Its num_computed was advanced over all
 1 + d tokens at launch; the rejected drafts' slots are given back when the step is finished
-(Rollbacks, applied at the next launch: the scheduler plans the row again only after it has
-this step's result). Verify steps replay mixed CUDA graphs (cuda_graphs.py: their hidden
-states are kept) or run eagerly when larger than the largest.
+(Rollbacks, applied at the next launch). Verify steps replay mixed CUDA graphs (cuda_graphs.py:
+their hidden states are kept) or run eagerly when larger than the largest.
+
+Chained verify rows (StepPlan.draft_chained; docs/scheduler.md, "Verify rows that keep the
+pipeline"): the scheduler may plan a request's next verify row while its verify row is still in
+flight, assuming that row accepts every draft, so its positions follow the in-flight row's last
+draft and its first input is that row's token (read on the device, as any decode row's). Each
+verify row writes a per-row device flag, chain_ok = "I accepted every draft, and my chain was
+valid"; a chained row whose flag reads false is void: it keeps the row's last token as it was
+before the sampler wrote (prev_last), answers no token and gives back all its 1 + d slots. Its
+KV writes land past the request's true length (every rollback applied before it only gives back
+slots known to be void), where they are overwritten when those positions are computed again.
 """
 
 from __future__ import annotations
@@ -83,8 +92,11 @@ class VerifyRows:
     rows: torch.Tensor  # [S] int64 persistent rows
     all_greedy: bool = False  # host flags of the drafts' rows (rejection_sample)
     need_top_k_top_p: bool = True
+    chained: torch.Tensor | None = None  # [S] bool: chained rows; None = none in this step
+    prev_last: torch.Tensor | None = None  # [S] the rows' last tokens before the sampler's write
     tokens: torch.Tensor | None = None  # [S, Dmax + 1]: accepted drafts, then the row's token
     num_accepted: torch.Tensor | None = None  # [S]
+    valid: torch.Tensor | None = None  # [S] bool: not void (chained rows whose chain held)
 
 
 def prepare_verify(batch: InputBatch, buf: StepBuffers, sched: Scheduled, draft_token_ids: list[int],
@@ -128,13 +140,16 @@ def prepare_verify(batch: InputBatch, buf: StepBuffers, sched: Scheduled, draft_
 
     temperature, top_k, top_p = params[:3]
     random = temperature > 0
-    ints = [token_index, drafts, top_k, params[3], params[4], pad_index, valid, vrows]
+    chained = None if sched.chained is None else sched.chained[idx]
+    ints = [token_index, drafts, top_k, params[3], params[4], pad_index, valid, vrows,
+            np.zeros(0) if chained is None else chained]
     ints_d, floats_d = _to_device([np.asarray(a, dtype=np.int64) for a in ints], [temperature, top_p], device)
-    token_index_d, drafts_d, top_k_d, seeds_d, positions_d, pad_index_d, valid_d, vrows_d = ints_d
+    token_index_d, drafts_d, top_k_d, seeds_d, positions_d, pad_index_d, valid_d, vrows_d, chained_d = ints_d
     return VerifyRows([batch.states[int(r)] for r in vrows], sample_index, d, token_index_d, drafts_d,
                       (floats_d[0], top_k_d, floats_d[1], seeds_d, positions_d), pad_index_d,
                       valid_d.bool(), vrows_d, all_greedy=not random.any(),
-                      need_top_k_top_p=bool((random & ((top_k > 0) | (top_p < 1))).any()))
+                      need_top_k_top_p=bool((random & ((top_k > 0) | (top_p < 1))).any()),
+                      chained=None if chained is None else chained_d.bool())
 
 
 def _to_device(ints: list[np.ndarray], floats: list[np.ndarray], device: torch.device):
@@ -154,9 +169,11 @@ def _to_device(ints: list[np.ndarray], floats: list[np.ndarray], device: torch.d
     return out
 
 
-def verify(v: VerifyRows, logits: torch.Tensor, last_sampled: torch.Tensor) -> None:
+def verify(v: VerifyRows, logits: torch.Tensor, last_sampled: torch.Tensor, chain_ok: torch.Tensor) -> None:
     """Scores the drafts (logits [D, V] of v.token_index), picks each row's tokens and stores
-    its last one as the row's last sampled token, where the sampler stored the bonus token."""
+    its last one as the row's last sampled token, where the sampler stored the bonus token;
+    records in chain_ok [rows] whether each row accepted every draft. A chained row whose
+    chain_ok was false is void: its last token goes back to v.prev_last."""
     bonus = last_sampled[v.rows]
     accepted, recovered = rejection_sample(logits, v.draft_ids, *v.params, all_greedy=v.all_greedy,
                                            need_top_k_top_p=v.need_top_k_top_p)
@@ -169,6 +186,12 @@ def verify(v: VerifyRows, logits: torch.Tensor, last_sampled: torch.Tensor) -> N
     tokens = torch.cat([v.draft_ids[v.pad_index], torch.zeros_like(final)[:, None]], dim=1)
     v.tokens = tokens.scatter(1, num_accepted[:, None], final[:, None])
     v.num_accepted = num_accepted
+    full = num_accepted == d
+    if v.chained is not None:
+        v.valid = ~v.chained | chain_ok[v.rows]
+        full &= v.valid
+        final = torch.where(v.valid, final, v.prev_last if v.prev_last is not None else bonus)
+    chain_ok.index_copy_(0, v.rows, full)
     last_sampled.index_copy_(0, v.rows, final)
 
 
@@ -207,8 +230,11 @@ def verify_result(v: VerifyRows, token_ids: list[int], rollbacks: Rollbacks) -> 
     """(token ids, tokens per sampled row) of a finished step from its sampled ids (one per
     row) and its verify rows; registers the rejected drafts' rollbacks."""
     tokens, num_accepted = v.tokens.tolist(), v.num_accepted.tolist()
+    valid = [True] * len(num_accepted) if v.valid is None else v.valid.tolist()
     per_row: list[list[int]] = [[t] for t in token_ids]
-    for i, a in zip(v.sample_index.tolist(), range(len(num_accepted))):
-        per_row[i] = tokens[a][:num_accepted[a] + 1]
-    rollbacks.add(v.states, [int(n - a) for n, a in zip(v.num_drafts.tolist(), num_accepted)])
+    rejected = []
+    for i, a, n in zip(v.sample_index.tolist(), range(len(num_accepted)), v.num_drafts.tolist()):
+        per_row[i] = tokens[a][:num_accepted[a] + 1] if valid[a] else []  # a void row: none
+        rejected.append(int(n - num_accepted[a]) if valid[a] else int(n + 1))
+    rollbacks.add(v.states, rejected)
     return [t for row in per_row for t in row], [len(row) for row in per_row]

@@ -25,7 +25,8 @@ def plan_to_pb(plan: StepPlan) -> pb.StepPlan:
             req_ids=c.req_ids, num_scheduled_tokens=c.num_scheduled_tokens,
             num_new_blocks=c.num_new_blocks, new_block_ids=c.new_block_ids),
         finished_req_ids=plan.finished_req_ids, preempted_req_ids=plan.preempted_req_ids,
-        num_draft_tokens=plan.num_draft_tokens, draft_token_ids=plan.draft_token_ids)
+        num_draft_tokens=plan.num_draft_tokens, draft_token_ids=plan.draft_token_ids,
+        draft_chained=plan.draft_chained)
 
 
 def plan_from_pb(msg: pb.StepPlan) -> StepPlan:
@@ -43,7 +44,8 @@ def plan_from_pb(msg: pb.StepPlan) -> StepPlan:
             req_ids=list(c.req_ids), num_scheduled_tokens=list(c.num_scheduled_tokens),
             num_new_blocks=list(c.num_new_blocks), new_block_ids=list(c.new_block_ids)),
         finished_req_ids=list(msg.finished_req_ids), preempted_req_ids=list(msg.preempted_req_ids),
-        num_draft_tokens=list(msg.num_draft_tokens), draft_token_ids=list(msg.draft_token_ids))
+        num_draft_tokens=list(msg.num_draft_tokens), draft_token_ids=list(msg.draft_token_ids),
+        draft_chained=list(msg.draft_chained))
 
 
 def result_to_pb(result: StepResult) -> pb.StepResult:

@@ -127,14 +127,21 @@ class StepPlan:
     # rows past the end of num_draft_tokens have none (empty = a step without drafts).
     num_draft_tokens: list[int] = field(default_factory=list)
     draft_token_ids: list[int] = field(default_factory=list)
+    # Chained verify rows (planned while the request's previous verify row is in flight,
+    # assuming it accepts every draft; void on the executor when it did not): True at the
+    # cached row's index; rows past the end of the list are not chained.
+    draft_chained: list[bool] = field(default_factory=list)
 
-    def add_drafts(self, draft_token_ids: list[int]) -> None:
+    def add_drafts(self, draft_token_ids: list[int], chained: bool = False) -> None:
         """Gives the cached row appended last these drafts (DraftSlots: their count only, the
-        executor's draft model proposes them)."""
+        executor's draft model proposes them); chained: a chained verify row."""
         self.num_draft_tokens += [0] * (len(self.cached_requests) - 1 - len(self.num_draft_tokens))
         self.num_draft_tokens.append(len(draft_token_ids))
         if not isinstance(draft_token_ids, DraftSlots):
             self.draft_token_ids.extend(draft_token_ids)
+        if chained:
+            self.draft_chained += [False] * (len(self.cached_requests) - 1 - len(self.draft_chained))
+            self.draft_chained.append(True)
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -87,7 +87,7 @@ class TensorParallelRunner(ModelRunner):
         their own; rank 0 sends its rollbacks with the next plans)."""
         logits = self.model.compute_logits(hidden[spec.token_index])
         if self.tp.rank == 0:
-            verify(spec, logits, self.batch.last_sampled_gpu)
+            verify(spec, logits, self.batch.last_sampled_gpu, self.batch.chain_ok_gpu)
         self.tp.broadcast(self.batch.last_sampled_gpu)
         return spec if self.tp.rank == 0 else None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -109,10 +110,10 @@ class Request:
         # None before the first), and whether they went out (with the first output; once).
         self.prompt_logprobs: Any = None
         self.prompt_logprobs_sent = params.prompt_logprobs is None
-        # Speculative decoding (core/spec_decode.py): the drafts of its verify step in flight,
-        # whether its sampling may speculate at all (None = not yet asked), and the n-gram
-        # index of its tokens (NgramIndex, made at its first proposal).
-        self.draft_token_ids: list[int] = []
+        # Speculative decoding (core/spec_decode.py): its verify rows in flight, oldest first
+        # (spec_rows.VerifyRow), whether its sampling may speculate at all (None = not yet
+        # asked), and the n-gram index of its tokens (NgramIndex, made at its first proposal).
+        self.spec_rows: deque = deque()
         self.spec_eligible: bool | None = None
         self.ngram_index: Any = None
         self.spec_gate: Any = None  # spec_gate.GateState, made on first use

@@ -1,7 +1,6 @@
 """Continuous batching by one rule: every step, hand out a token budget so that each request's
 computed tokens catch up with the tokens it has. Prefill, chunked prefill, decode and resumed
-requests are all that rule. See docs/scheduler.md.
-"""
+requests are all that rule. See docs/scheduler.md."""
 
 from __future__ import annotations
 
@@ -135,18 +134,19 @@ class Scheduler:
             request = self.running[i]
             speculate = spec is not None and spec.speculates(request, num_running)  # waits, then drafts
             num_new_tokens = self._num_new_tokens(request, budget, request.num_computed_tokens, speculate)
+            # speculating: a verify row (its token, then drafts), maybe chained on rows in flight
+            num_new_tokens, drafts, chained = (spec.plan_row(request, num_new_tokens, budget) if speculate
+                                               else (num_new_tokens, [], False))
             if num_new_tokens == 0:  # finishes once its token in flight arrives (or speculates)
                 i += 1
                 continue
-            drafts = spec.propose(request, budget - num_new_tokens) if speculate else []
-            num_new_tokens += len(drafts)  # a verify row: its last token, then the drafts
             if not self._make_room(request, num_new_tokens, out):
-                request.draft_token_ids = []
                 return budget, False
             new_block_ids = self.kv.allocate_slots(request, num_new_tokens)
             out.cached_requests.append(request.req_id, num_new_tokens, new_block_ids)
             if drafts:
-                out.add_drafts(drafts)
+                out.add_drafts(drafts, chained)
+                spec.record(request, out.step_id, drafts, chained)
             self._advance(request, num_new_tokens)
             budget -= num_new_tokens
             i += 1
@@ -249,15 +249,15 @@ class Scheduler:
             # this oldest step sampled exactly when every step in flight did.
             should_sample = request.num_pending_tokens == request.num_inflight_steps
             request.num_inflight_steps -= 1
-            token_id = sampled.get(req_id)  # a list of token ids for a verify step
-            if spec is not None and not request.num_inflight_steps:  # (its verify step is its last)
-                num_tokens -= spec.settle(request, token_id)  # rejected drafts: KV void
+            token_id = sampled.get(req_id)  # a list of token ids for a verify step ([]: void)
+            if request.spec_rows and request.spec_rows[0].step_id == output.step_id:  # a verify row
+                num_tokens -= spec.settle(request, token_id)  # rejected drafts, void rows: KV void
             if request.status is not finished:  # (a failed step aborts its requests first)
                 self.kv.cache_written_blocks(request, num_tokens)  # its KV is there: share it
                 self.held.release(request, self.waiting)  # samples waiting for its prompt KV
             if token_id is not None and request.num_pending_tokens > 0:
                 request.num_pending_tokens -= 1
-                if request.status is not finished:
+                if request.status is not finished and token_id != []:
                     outputs.append(self._append_tokens(request, token_id, logprobs))
             elif token_id is None and should_sample and request.status is RequestStatus.RUNNING:
                 missing.append(req_id)

@@ -14,9 +14,10 @@ from dataclasses import dataclass, fields
 
 from step_protocol.domain import DraftSlots, ExecutorInfo
 
-from .logprobs import StepLogprobs, StepResultError, token_output
+from .logprobs import StepLogprobs, token_output
 from .outputs import RequestOutput
-from .request import Request, RequestStatus
+from .request import Request
+from .spec_rows import VerifyRow, assumed_tokens, can_chain, settle_row
 
 METHODS = ("ngram", "draft_model")
 
@@ -122,12 +123,33 @@ class NgramIndex:
 
     def propose(self, between: Callable[[int, int], list[int]], length: int, k: int) -> list[int]:
         """Drafts for a sequence of `length` tokens, `between(a, b)` being its tokens a..b-1."""
+        self._sync(between, length)
+        return self._lookup(between, length, k)
+
+    def propose_after(self, between: Callable[[int, int], list[int]], length: int, tail: list[int],
+                      k: int) -> list[int]:
+        """Drafts for the sequence followed by `tail`, tokens assumed but not known (a chained
+        verify row's: the drafts in flight). The tail is not indexed (the index holds known
+        tokens only); its suffix is matched against the known tokens, and the continuation may
+        run on into the tail."""
+        if not tail:
+            return self.propose(between, length, k)
+        self._sync(between, length)
+
+        def extended(a: int, b: int) -> list[int]:
+            head = between(a, min(b, length)) if a < length else []
+            return head + tail[max(a - length, 0):max(b - length, 0)]
+        return self._lookup(extended, length + len(tail), k)
+
+    def _sync(self, between: Callable[[int, int], list[int]], length: int) -> None:
         upto = length - 1  # an earlier match ends before the suffix's last token
         if upto < self.num_indexed:  # not an extension of the indexed sequence: start over
             self.latest = [{} for _ in self.latest]
             self.num_indexed = 0
         if upto > self.num_indexed:
             self._extend(between, upto)
+
+    def _lookup(self, between: Callable[[int, int], list[int]], length: int, k: int) -> list[int]:
         hi = min(self.max_n, length - 1)
         if hi < self.min_n:
             return []
@@ -189,38 +211,46 @@ class SpecDecoder:
         if k <= 0 or not self.eligible(request):
             return []
         if self.config.method == "draft_model":  # the executor's draft model proposes them
-            request.draft_token_ids = DraftSlots(k)
-            return request.draft_token_ids
+            return DraftSlots(k)
         index = request.ngram_index
         if index is None:
             index = request.ngram_index = NgramIndex(self.config.prompt_lookup_min,
                                                      self.config.prompt_lookup_max)
-        drafts = index.propose(request.token_ids_between, request.num_tokens, k)
-        request.draft_token_ids = drafts
-        return drafts
+        return index.propose(request.token_ids_between, request.num_tokens, k)
+
+    def propose_chained(self, request: Request, budget: int) -> list[int]:
+        """Drafts of a chained verify row (spec_rows.py) after the request's rows in flight,
+        within `budget` tokens of this step (the row takes 1 + drafts): the n-gram continuation
+        of its known tokens followed by the tokens its rows assume, past the token the match
+        predicts after them (their last row's guess, recorded here). [] = none: it waits for
+        its results (a draft model, a void row, max_tokens or the context reached, no match)."""
+        if self.config.method != "ngram" or request.ngram_index is None or not can_chain(request):
+            return []
+        assumed, tail = assumed_tokens(request)
+        k = min(self.config.num_speculative_tokens, budget - 1,
+                request.params.max_tokens - request.num_output_tokens - assumed - 1,
+                self.max_model_len - request.num_tokens - assumed - 1)
+        if k <= 0:
+            return []
+        after = request.ngram_index.propose_after(request.token_ids_between, request.num_tokens, tail, k + 1)
+        if len(after) < 2:
+            return []
+        request.spec_rows[-1].guess = after[0]
+        return after[1:]
+
+    def record(self, request: Request, step_id: int, drafts: list[int], chained: bool) -> None:
+        """A verify row of `request` is in the plan of step_id."""
+        request.spec_rows.append(VerifyRow(step_id, drafts, chained))
 
     def settle(self, request: Request, token_ids: int | list[int] | None) -> int:
-        """Applies a verify row's result: returns its rejected drafts (their KV is void) and
-        moves num_computed_tokens back over them. A row without drafts returns 0."""
-        drafts = request.draft_token_ids
-        if not drafts:
-            return 0
-        request.draft_token_ids = []
-        if token_ids is None:  # a failed step: its requests are aborted
-            return len(drafts)
-        token_ids = [token_ids] if isinstance(token_ids, int) else token_ids
-        accepted = len(token_ids) - 1
-        known = not isinstance(drafts, DraftSlots)  # draft_model: only their count is known here
-        if not 0 <= accepted <= len(drafts) or (known and token_ids[:accepted] != drafts[:accepted]):
-            raise StepResultError(f"request {request.req_id}: tokens {token_ids} do not extend "
-                                  f"an accepted prefix of its drafts {drafts}")
-        rejected = len(drafts) - accepted
-        if request.status is RequestStatus.RUNNING:  # (a preempted one starts again from 0)
-            request.num_computed_tokens -= rejected
-        self.stats.num_drafts += 1
-        self.stats.num_draft_tokens += len(drafts)
-        self.stats.num_accepted_tokens += accepted
-        return rejected
+        """Applies the result of the request's oldest verify row (spec_rows.settle_row): returns
+        its slots whose KV is void, counts its drafts."""
+        void, num_drafts, accepted = settle_row(request, token_ids)
+        if num_drafts:
+            self.stats.num_drafts += 1
+            self.stats.num_draft_tokens += num_drafts
+            self.stats.num_accepted_tokens += accepted
+        return void
 
 
 def tokens_output(request: Request, token_ids: int | list[int], eos_token_ids: tuple[int, ...],

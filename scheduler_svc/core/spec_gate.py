@@ -78,6 +78,10 @@ class SpecGate:
         s.countdown, s.probing = s.interval, True
         return True
 
+    def score(self, request: Request) -> float:
+        """The request's average of accepted drafts per opportunity."""
+        return self._state(request).score
+
     def observe(self, request: Request, accepted: int) -> None:
         """One opportunity's outcome: the accepted drafts of a verify step, or 0 when the
         proposer found none. An average back at MIN_ACCEPTED resets the probe interval."""
@@ -117,15 +121,24 @@ class SpecSteps:
                    ModeTrials(clock))
 
     def speculates(self, request: Request, num_running: int) -> bool:
-        """Whether the request speculates this step: always while its verify step is in flight
-        (its rejected slots are rolled back after it), else as the measured mode, its sampling
-        and the gate say."""
-        return bool(request.draft_token_ids) or (
+        """Whether the request speculates this step: always while a verify row of it is in
+        flight (it chains another or waits: its rejected slots are rolled back after it), else
+        as the measured mode, its sampling and the gate say."""
+        return bool(request.spec_rows) or (
             self.trials.on and self.decoder.eligible(request) and self.gate.speculates(request, num_running))
 
     def on_step(self, sampled: dict) -> None:
         """An applied step's sampled tokens (an int, or a verify row's list), for the trials."""
         self.trials.on_step(sum(1 if isinstance(t, int) else len(t) for t in sampled.values()))
+
+    def plan_row(self, request: Request, num_new_tokens: int, budget: int) -> tuple[int, list[int], bool]:
+        """A speculating request's row: (its tokens, its drafts, whether it is chained). With
+        num_new_tokens 0 (rows of it in flight) a chained row or none; else that row + drafts."""
+        if not num_new_tokens:
+            drafts = self.propose_chained(request, budget)
+            return (1 + len(drafts) if drafts else 0), drafts, bool(drafts)
+        drafts = self.propose(request, budget - num_new_tokens)
+        return num_new_tokens + len(drafts), drafts, False
 
     def propose(self, request: Request, budget: int) -> list[int]:
         drafts = self.decoder.propose(request, budget)
@@ -133,10 +146,21 @@ class SpecSteps:
             self.gate.observe(request, 0)  # a decode row the proposer found nothing for
         return drafts
 
+    def propose_chained(self, request: Request, budget: int) -> list[int]:
+        """A chained row's drafts (decoder.propose_chained), only while the measured mode
+        and the request's gate are on (else it waits for its rows in flight)."""
+        if not self.trials.on or self.gate.score(request) < MIN_ACCEPTED:
+            return []
+        return self.decoder.propose_chained(request, budget)
+
+    def record(self, request: Request, step_id: int, drafts: list[int], chained: bool) -> None:
+        self.decoder.record(request, step_id, drafts, chained)
+
     def settle(self, request: Request, token_ids) -> int:
-        """decoder.settle (the rejected drafts), the outcome told to the gate."""
-        num_drafts = len(request.draft_token_ids)
-        rejected = self.decoder.settle(request, token_ids)
-        if num_drafts and token_ids is not None:
-            self.gate.observe(request, num_drafts - rejected)
-        return rejected
+        """decoder.settle (the slots whose KV is void), the outcome told to the gate (a void
+        row is none: it verified nothing)."""
+        row = request.spec_rows[0]
+        void = self.decoder.settle(request, token_ids)
+        if token_ids is not None and not row.void:
+            self.gate.observe(request, len(row.drafts) - void)
+        return void

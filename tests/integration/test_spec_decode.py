@@ -33,8 +33,10 @@ def runners(tmp_path_factory):
     return out
 
 
-def generate(runner, prompts, spec, *, depth=3, max_tokens=48, budget=64, temperature=0.0, **params):
-    """{req_id: token ids}, the scheduler (for its figures) and the plans' draft counts."""
+def generate(runner, prompts, spec, *, depth=3, max_tokens=48, budget=64, temperature=0.0, plans=None,
+             **params):
+    """{req_id: token ids} and the scheduler (for its figures); plans: a list to which every
+    plan is appended."""
     runner.reset()
     info = runner.info()
     core = SchedulerCoreConfig(
@@ -57,7 +59,8 @@ def generate(runner, prompts, spec, *, depth=3, max_tokens=48, budget=64, temper
             if o.finish_reason is not None:
                 finish[o.req_id] = o.finish_reason
 
-    loop = StepLoop(scheduler, InProcessTransport(runner), depth, on_outputs)
+    loop = StepLoop(scheduler, InProcessTransport(runner), depth, on_outputs,
+                    on_plan=None if plans is None else plans.append)
     asyncio.run(loop.run_until_idle())
     assert set(finish) == set(tokens)
     assert scheduler.num_free_blocks == scheduler.num_total_blocks
@@ -79,9 +82,13 @@ def test_greedy_is_token_exact_with_speculation(runners, name, depth):
     runner = runners[name]
     prompts = prompts_for(runner.info().vocab_size)
     reference, _ = generate(runner, prompts, None, depth=depth)
-    spec_tokens, scheduler = generate(runner, prompts, SPEC, depth=depth)
+    plans = []
+    spec_tokens, scheduler = generate(runner, prompts, SPEC, depth=depth, plans=plans)
     stats = scheduler.spec.stats
     assert spec_tokens == reference
+    # depth 3: verify rows chained on rows in flight (launched before those finish), some void
+    num_chained = sum(sum(p.draft_chained) for p in plans)
+    assert (num_chained > 0) == (depth > 1)
     assert stats.num_draft_tokens > 0
     assert stats.num_accepted_tokens > 0, "no proposal was ever accepted"
     assert stats.num_accepted_tokens < stats.num_draft_tokens, "no proposal was ever rejected"

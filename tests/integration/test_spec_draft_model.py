@@ -134,9 +134,9 @@ def test_cancel_mid_speculation_frees_everything(runners):
     async def drive():
         for _ in range(20):  # until requests 0 and 2 have a verify step in flight
             await loop.step()
-            if all(scheduler.requests[i].draft_token_ids for i in (0, 2)):
+            if all(scheduler.requests[i].spec_rows for i in (0, 2)):
                 break
-        assert all(scheduler.requests[i].draft_token_ids and scheduler.requests[i].num_inflight_steps for i in (0, 2))
+        assert all(scheduler.requests[i].spec_rows and scheduler.requests[i].num_inflight_steps for i in (0, 2))
         for i in (0, 2):
             scheduler.abort_request(i)
         await loop.run_until_idle()

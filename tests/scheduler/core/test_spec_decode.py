@@ -21,12 +21,16 @@ def model(tokens: list[int]) -> int:
 class SpecFakeExecutor(FakeExecutor):
     """The fake executor (KV and block checks included) verifying drafts against `model`: a
     verify row writes the KV of its last token and its drafts, answers the accepted drafts
-    and one more token, and forgets the rejected drafts' positions."""
+    and one more token, and forgets the rejected drafts' positions. A chained row (planned
+    before the previous verify row's result) runs only if that row accepted every draft, else
+    it is void: it answers no token and writes nothing (the real executor's device flag)."""
 
     def __init__(self, block_size: int):
         super().__init__(block_size)
         self.drafts: dict[int, list[int]] = {}
-        self.num_verify_rows = 0
+        self.chained: set[int] = set()
+        self.chain_ok: dict[int, bool] = {}  # req_id -> its last verify row accepted all
+        self.num_verify_rows = self.num_chained_rows = self.num_void_rows = 0
 
     def execute(self, plan):
         self.drafts, i = {}, 0
@@ -34,6 +38,8 @@ class SpecFakeExecutor(FakeExecutor):
             self.drafts[req_id] = plan.draft_token_ids[i:i + d]
             i += d
         assert i == len(plan.draft_token_ids)
+        self.chained = {r for r, c in zip(plan.cached_requests.req_ids, plan.draft_chained) if c}
+        assert all(self.drafts.get(r) for r in self.chained), "a chained row without drafts"
         result = super().execute(plan)
         if plan.num_draft_tokens:
             lists = [t if isinstance(t, list) else [t] for t in result.token_ids]
@@ -44,6 +50,11 @@ class SpecFakeExecutor(FakeExecutor):
     def _run(self, step_id, req_id, row, num_tokens):
         drafts = self.drafts.get(req_id, [])
         assert num_tokens == 1 + len(drafts) or not drafts
+        if req_id in self.chained:
+            self.num_chained_rows += 1
+            if not self.chain_ok[req_id]:
+                self.num_void_rows += 1
+                return []
         base, start = len(row.token_ids), row.num_computed_tokens
         row.token_ids += drafts
         if super()._run(step_id, req_id, row, num_tokens) is None:
@@ -58,6 +69,7 @@ class SpecFakeExecutor(FakeExecutor):
         row.token_ids += tokens
         row.num_computed_tokens = start + num_tokens - (len(drafts) - (len(tokens) - 1))  # - rejected
         self.num_verify_rows += bool(drafts)
+        self.chain_ok[req_id] = len(tokens) - 1 == len(drafts)
         return tokens if drafts else tokens[0]
 
 

@@ -89,11 +89,11 @@ def test_settle_checks_the_count_only():
     s = make_scheduler(speculative=DRAFT, num_blocks=32, block_size=4)
     s.add_request(req(0, [1, 2, 3, 4], max_tokens=30, ignore_eos=True))
     request = s.requests[0]
-    request.draft_token_ids = DraftSlots(3)
+    s.spec.record(request, 0, DraftSlots(3), chained=False)
     request.num_computed_tokens = 8
     with pytest.raises(StepResultError):
         s.spec.settle(request, [5, 6, 7, 8, 9])  # 4 drafts accepted of 3
-    request.draft_token_ids = DraftSlots(3)
+    s.spec.record(request, 1, DraftSlots(3), chained=False)
     assert s.spec.settle(request, [9, 8]) == 2  # any tokens: the scheduler never saw the drafts
     assert s.take_spec_decode_stats() == (1, 3, 1)
 

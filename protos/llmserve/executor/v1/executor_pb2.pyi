@@ -109,7 +109,7 @@ class CachedRequests(_message.Message):
     def __init__(self, req_ids: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., num_new_blocks: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_requests", "cached_requests", "finished_req_ids", "preempted_req_ids", "num_draft_tokens", "draft_token_ids")
+    __slots__ = ("step_id", "new_requests", "cached_requests", "finished_req_ids", "preempted_req_ids", "num_draft_tokens", "draft_token_ids", "draft_chained")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,7 @@ class StepPlan(_message.Message):
     PREEMPTED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_CHAINED_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_requests: CachedRequests
@@ -124,7 +125,8 @@ class StepPlan(_message.Message):
     preempted_req_ids: _containers.RepeatedScalarFieldContainer[int]
     num_draft_tokens: _containers.RepeatedScalarFieldContainer[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Union[CachedRequests, _Mapping]] = ..., finished_req_ids: _Optional[_Iterable[int]] = ..., preempted_req_ids: _Optional[_Iterable[int]] = ..., num_draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    draft_chained: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Union[CachedRequests, _Mapping]] = ..., finished_req_ids: _Optional[_Iterable[int]] = ..., preempted_req_ids: _Optional[_Iterable[int]] = ..., num_draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_chained: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class Logprobs(_message.Message):
     __slots__ = ("num_top", "token_ids", "logprobs", "ranks", "top_token_ids", "top_logprobs")
