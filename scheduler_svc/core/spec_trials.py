@@ -4,11 +4,13 @@ The per-request gate (spec_gate.py) knows how many drafts a request gets accepte
 verify step costs against a pipelined decode step: that depends on the hardware, the model, the
 batch and both services' host time (at batch 64 a speculating batch can lose even with 98% of
 its drafts accepted, docs/benchmarks.md). So the scheduler measures it: tokens out per second of
-wall time over windows of WINDOW applied steps, speculation on, then a trial window with it off
-(or the other way round), and keeps the faster mode. The first comparison comes at once; after
-that a trial of the losing mode runs every `interval` windows, the interval doubling (up to
-MAX_INTERVAL) each time the same mode wins again, so a settled choice costs little. A mode wins
-only by MARGIN (noise). The clock is the scheduler's (time.perf_counter unless a test gives one;
+wall time over windows of WINDOW applied steps, speculation on, then a trial window of
+TRIAL_WINDOW steps with it off (or the other way round), and keeps the faster mode. The first
+comparison comes at once; after that a trial of the losing mode runs every `interval` windows,
+the interval doubling (up to MAX_INTERVAL) each time the same mode wins again, so a settled
+choice costs little. A mode wins only by MARGIN (noise). A trial is short because it is usually
+the losing mode: at batch 1 on a repeated passage, a 32-step window without speculation yields
+32 tokens where speculation yields ~150 (docs/benchmarks.md, Run O). The clock is the scheduler's (time.perf_counter unless a test gives one;
 one that does not move measures nothing and so runs no trials: speculation stays on).
 """
 
@@ -16,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-WINDOW = 32  # applied steps a window
+WINDOW = 32  # applied steps a window of the preferred mode
+TRIAL_WINDOW = 8  # applied steps a window of the other mode (the first comparison's too)
 MARGIN = 1.03  # the other mode must be this much faster to take over
 FIRST_INTERVAL = 4  # windows of the preferred mode before the next trial
 MAX_INTERVAL = 64
@@ -46,7 +49,7 @@ class ModeTrials:
             return  # the window starts at its first result (again, after an idle gap)
         self._steps += 1
         self._tokens += num_tokens
-        if self._steps >= WINDOW:
+        if self._steps >= (WINDOW if self.on == self.preferred else TRIAL_WINDOW):
             self._end_window(now)
 
     def _end_window(self, now: float) -> None:

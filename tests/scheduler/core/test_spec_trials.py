@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler_svc.core import spec_trials
-from scheduler_svc.core.spec_trials import FIRST_INTERVAL, WINDOW, ModeTrials
+from scheduler_svc.core.spec_trials import FIRST_INTERVAL, TRIAL_WINDOW, WINDOW, ModeTrials
 from tests.scheduler.core.test_spec_decode import SPEC, SpecFakeExecutor, same
 from tests.scheduler.sched_driver import make_scheduler, req, run
 
@@ -24,7 +24,7 @@ def windows(trials: ModeTrials, clock: Clock, rate: dict[bool, float], n: int) -
     modes = []
     for _ in range(n):
         modes.append(trials.on)
-        for _ in range(WINDOW):
+        for _ in range(WINDOW if trials.on == trials.preferred else TRIAL_WINDOW):  # a trial is short
             clock.now += 0.01
             trials.on_step(int(rate[trials.on]))
     return modes
@@ -121,3 +121,17 @@ def drive_always_on(verify_cost: float) -> float:
         return drive_timed(verify_cost)[2]
     finally:
         spec_trials.WINDOW = saved
+
+
+def test_a_trial_window_is_short():
+    """The mode on trial (usually the slower) runs TRIAL_WINDOW steps, the preferred WINDOW."""
+    clock = Clock()
+    trials = ModeTrials(clock)
+    trials.on_step(0)
+    steps = {True: 0, False: 0}
+    while len(trials.rates) < 2 or trials.on is False:
+        steps[trials.on] += 1
+        clock.now += 0.01
+        trials.on_step(5 if trials.on else 1)
+    assert steps == {True: WINDOW, False: TRIAL_WINDOW} and TRIAL_WINDOW < WINDOW
+    assert trials.preferred and trials.on
