@@ -40,9 +40,8 @@ class Scheduler:
                  clock: Callable[[], float] = time.perf_counter):
         self.config = config
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-        if isinstance(detokenizer_factory, Tokenizer):
-            detokenizer_factory = make_detokenizer_factory(detokenizer_factory)
-        self.detokenizer_factory = detokenizer_factory
+        self.detokenizer_factory = (make_detokenizer_factory(detokenizer_factory)
+                                    if isinstance(detokenizer_factory, Tokenizer) else detokenizer_factory)
         # Live requests: not finished, or finished with steps still in flight.
         self.requests: dict[int, Request] = {}
         self.waiting: deque[Request] = deque()  # new and preempted (at the front)
@@ -61,8 +60,9 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queues a new request. Raises ValueError if it can never run."""
         self._validate(request)
-        request.arrival_order = self._num_arrivals
-        self._num_arrivals += 1
+        request.arrival_order, self._num_arrivals = self._num_arrivals, self._num_arrivals + 1
+        if self.spec_steps is not None and not self.requests:  # idle until now: not measured
+            self.spec_steps.trials.restart()
         request.status = RequestStatus.WAITING
         request.stop_matcher = StopStringMatcher(request.params.stop, request.params.include_stop_str_in_output)
         if self.detokenizer_factory is not None:

@@ -11,7 +11,9 @@ the interval doubling (up to MAX_INTERVAL) each time the same mode wins again, s
 choice costs little. A mode wins only by MARGIN (noise). A trial is short because it is usually
 the losing mode: at batch 1 on a repeated passage, a 32-step window without speculation yields
 32 tokens where speculation yields ~150 (docs/benchmarks.md, Run O). The clock is the scheduler's (time.perf_counter unless a test gives one;
-one that does not move measures nothing and so runs no trials: speculation stays on).
+one that does not move measures nothing and so runs no trials: speculation stays on). Idle time
+is never measured: a request arriving at an idle scheduler restarts the window (restart()), and
+so does a gap of IDLE_GAP_S between two results.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ class ModeTrials:
         self._start: float | None = None
         self._last = 0.0  # the time of the latest result
         self._steps = self._tokens = 0
+
+    def restart(self) -> None:
+        """The server was idle (no request at all) until now: the window starts again at the
+        next result, so idle time never counts against the mode of the window it fell in."""
+        self._start = None
 
     def on_step(self, num_tokens: int) -> None:
         """One applied step and the tokens it produced."""

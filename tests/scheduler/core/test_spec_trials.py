@@ -135,3 +135,24 @@ def test_a_trial_window_is_short():
         trials.on_step(5 if trials.on else 1)
     assert steps == {True: WINDOW, False: TRIAL_WINDOW} and TRIAL_WINDOW < WINDOW
     assert trials.preferred and trials.on
+
+
+def test_idle_time_before_a_request_is_not_measured():
+    """A request arriving at an idle scheduler restarts the window: a gap shorter than
+    IDLE_GAP_S (a client's next request) counts against neither mode."""
+    clock = Clock()
+    scheduler = make_scheduler(speculative=SPEC, max_model_len=1024, num_blocks=512)
+    trials = scheduler.spec_steps.trials
+    trials.clock = clock
+    trials.on_step(0)
+    for _ in range(WINDOW // 2):
+        clock.now += 0.001
+        trials.on_step(5)
+    clock.now += 0.2  # idle, < IDLE_GAP_S: without the restart it would be in the window
+    scheduler.add_request(req(0, [1, 2, 3], max_tokens=4))
+    for _ in range(WINDOW + 1):
+        clock.now += 0.001
+        trials.on_step(5)
+    assert trials.rates == {True: pytest.approx(5000.0)}
+    scheduler.add_request(req(1, [1, 2, 3], max_tokens=4))  # not idle: no restart
+    assert trials._start is not None
