@@ -18,16 +18,22 @@ After a verify step the rows' num_computed is clamped to the target's (rejected 
 rolled back there first). Greedy drafts are point masses, so the rejection rule stays exact
 whatever the draft; a hole in the draft's KV (a prefix-cache hit on a block whose last
 position the draft had not written yet) lowers acceptance only, never correctness.
-Every forward here runs eagerly (no CUDA graph yet); tokens are gathered on the device, and the
-host->device copies go through pinned twins (non-blocking): no host sync is added.
+A catch-up of one token per row in a step without verify rows (every step while the gate keeps
+speculation off: spec_gate.py) replays a captured decode graph of the draft (capture_graphs;
+CUDA), so a draft that is not speculating costs one graph replay a step; every other forward
+here runs eagerly. Tokens are gathered on the device, and the host->device copies go through
+pinned twins (non-blocking): no host sync is added.
 """
 
 from __future__ import annotations
+
+import bisect
 
 import numpy as np
 import torch
 
 from executor_svc.attention import AttentionMetadata
+from executor_svc.cuda_graphs import GraphRunner
 from executor_svc.input_batch import InputBatch, RequestState
 from executor_svc.models.llama import KVCache, LlamaForCausalLM
 from executor_svc.spec_verify import VerifyRows
@@ -53,6 +59,11 @@ class DraftProposer:
         # the verify rows' facts (6 S) and flat draft index (D), one non-blocking copy a step
         self.aux = Twin(6 * s + limits.max_num_tokens + s, torch.int64, device)
         self.arange = torch.arange(s + 1, dtype=torch.int32, device=device)
+        self.graphs: GraphRunner | None = None  # decode graphs of the catch-up (capture_graphs)
+
+    def capture_graphs(self, sizes, max_model_len: int) -> None:
+        """Captures the draft's decode graphs of these batch sizes (they read token_src)."""
+        self.graphs = GraphRunner(self.model, self.buffers, self.kv_caches, self.token_src, sizes, max_model_len)
 
     @torch.inference_mode()
     def propose(self, sched: Scheduled, spec: VerifyRows | None, parity: int, target_ids: torch.Tensor) -> None:
@@ -69,11 +80,17 @@ class DraftProposer:
         end = start_t + counts - d  # the draft computes up to the row's first input token
         self._adopt(rows, start_t)
         start, t, cu = self._write_catch_up(rows, start_t, end)
-        buf.copy_to_device(len(rows), t)
         self.token_src[:s1].copy_(batch.last_sampled_gpu)
-        attn = AttentionMetadata.from_buffers(buf, len(rows), t, int((end - start).max()), int(end.max()))
-        tokens = buf.input_tokens(self.token_src, t)
-        hidden = self.model(tokens, buf.positions.gpu[:t], attn, self.kv_caches)
+        b, graphs = len(rows), self.graphs
+        if spec is None and graphs is not None and t == b and graphs.sizes and b <= graphs.sizes[-1]:
+            shape = graphs.decode_shapes[bisect.bisect_left(graphs.sizes, b)]  # one token a row
+            buf.pad(b, t, b, shape.num_reqs, shape.num_tokens)
+            buf.copy_to_device(shape.num_reqs, shape.num_tokens)
+            graphs.replay(shape)  # (its logits are not needed: only the KV)
+        else:
+            buf.copy_to_device(b, t)
+            attn = AttentionMetadata.from_buffers(buf, b, t, int((end - start).max()), int(end.max()))
+            hidden = self.model(buf.input_tokens(self.token_src, t), buf.positions.gpu[:t], attn, self.kv_caches)
         self.num_computed[rows] = end
         self.carry_pos[rows] = -1
         if spec is None:

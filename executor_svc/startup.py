@@ -83,6 +83,8 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRu
                              max_model_len, config.mixed_cuda_graph_sizes)
         sampler_graphs = SamplerGraphs(graphs.logits, batch.last_sampled_gpu, buffers, sampling.tables,
                                        graphs.sizes, max_logprobs, graphs.pool)
+        if drafter is not None:  # its catch-up steps while not speculating (spec_draft.py)
+            drafter.capture_graphs(config.cuda_graph_sizes, max_model_len)
     info = ExecutorInfo(
         model_name=config.model_name or source.name, model_path=str(model_path),
         vocab_size=args.vocab_size, eos_token_ids=tuple(loader.eos_token_ids(model_path, hf_config)),

@@ -52,8 +52,9 @@ def test_verify_steps_replay_graphs_and_stay_token_exact(runner, depth):
 
 @pytest.mark.parametrize("draft_name", ["same", "small"])
 def test_draft_model_on_cuda_with_graphs_is_token_exact(tmp_path_factory, draft_name):
-    """The draft model's forwards (eager) before target graphs / verify graphs on CUDA: greedy
-    outputs equal those without speculation; a draft equal to the target accepts every draft."""
+    """The draft model's forwards (its decode graphs for one-token catch-ups, else eager) before
+    target graphs / verify graphs on CUDA: greedy outputs equal those without speculation; a
+    draft equal to the target accepts every draft (so its graph-written KV is right)."""
     from scheduler_svc.core.spec_decode import SpecDecodeConfig
 
     base = tmp_path_factory.mktemp("cuda-draft")
@@ -69,11 +70,15 @@ def test_draft_model_on_cuda_with_graphs_is_token_exact(tmp_path_factory, draft_
     reference, _ = generate(runner, prompts, None, depth=3)
     spec = SpecDecodeConfig("draft_model", num_speculative_tokens=4, model=runner.info().draft_model_path)
     sizes = record_graph_sizes(runner)
+    draft_graphs, replays = runner.drafter.graphs, []
+    replay = draft_graphs.replay
+    draft_graphs.replay = lambda shape: replays.append(shape) or replay(shape)
     try:
         tokens, scheduler = generate(runner, prompts, spec, depth=3)
     finally:
-        del runner.launch
+        del runner.launch, draft_graphs.replay
     assert tokens == reference
+    assert replays, "no catch-up step replayed the draft's decode graphs"  # (its KV feeds the drafts)
     stats = scheduler.spec.stats
     assert stats.num_draft_tokens > 0 and sizes and all(s in (8, 16, 32, 64) for s in sizes), sizes
     if draft_name == "same":
