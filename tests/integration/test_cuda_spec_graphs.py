@@ -70,16 +70,37 @@ def test_draft_model_on_cuda_with_graphs_is_token_exact(tmp_path_factory, draft_
     reference, _ = generate(runner, prompts, None, depth=3)
     spec = SpecDecodeConfig("draft_model", num_speculative_tokens=4, model=runner.info().draft_model_path)
     sizes = record_graph_sizes(runner)
-    draft_graphs, replays = runner.drafter.graphs, []
-    replay = draft_graphs.replay
-    draft_graphs.replay = lambda shape: replays.append(shape) or replay(shape)
     try:
         tokens, scheduler = generate(runner, prompts, spec, depth=3)
     finally:
-        del runner.launch, draft_graphs.replay
+        del runner.launch
     assert tokens == reference
-    assert replays, "no catch-up step replayed the draft's decode graphs"  # (its KV feeds the drafts)
     stats = scheduler.spec.stats
     assert stats.num_draft_tokens > 0 and sizes and all(s in (8, 16, 32, 64) for s in sizes), sizes
     if draft_name == "same":
         assert stats.num_accepted_tokens == stats.num_draft_tokens
+
+
+def test_draft_decode_graphs_write_the_eager_kv(tmp_path_factory):
+    """The draft's one-token catch-up steps replay its decode graphs (spec_draft.py) and write
+    the same draft KV as eager catch-ups (fp32), over whole generations without speculation."""
+    base = tmp_path_factory.mktemp("cuda-draft-kv")
+    target = build_random_model(base / "target", "tiny-llama")
+    draft = build_random_model(base / "small", "tiny-llama", seed=1, hidden_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
+    runners = [build_runner(ExecutorConfig(
+        model=str(target), device="cuda", dtype="float32", max_num_seqs=8, max_num_batched_tokens=64,
+        num_kv_blocks=96, max_model_len=256, block_size=16, cuda_graph_sizes=(1, 2, 4, 8),
+        mixed_cuda_graph_sizes=(8, 16, 32, 64), speculative_model=str(draft), num_speculative_tokens=4))
+        for _ in range(2)]
+    graphs, replays = runners[0].drafter.graphs, []
+    replay = graphs.replay
+    graphs.replay = lambda shape: replays.append(shape) or replay(shape)
+    runners[1].drafter.graphs = None  # eager catch-ups
+    prompts = prompts_for(runners[0].info().vocab_size)
+    outputs = [generate(r, prompts, None, depth=3)[0] for r in runners]
+    assert outputs[0] == outputs[1] and len(replays) > 20
+    torch.cuda.synchronize()
+    for a, b in zip(runners[0].drafter.kv_caches, runners[1].drafter.kv_caches):
+        torch.testing.assert_close(a.k, b.k, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a.v, b.v, rtol=1e-4, atol=1e-5)
