@@ -3,7 +3,7 @@ proposer drives the rank-0 runner through the step loop (3 steps in flight, as
 tests/integration/test_spec_decode.py does with one rank). Rank 0 decides acceptance and
 broadcasts the rows' last tokens; the rejected drafts' slots go to every rank with the next
 plan. Greedy with and without speculation and seeded sampling with speculation give the
-tokens of one rank, with accepted and rejected drafts."""
+tokens of one rank, with accepted and rejected drafts and chained verify rows."""
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ def _scenario(tp, path):
         return serve_plans(runner)
     prompts = prompts_for(runner.info().vocab_size)
     out = {"off": generate(runner, prompts, None, depth=3)[0]}
-    out["on"], scheduler = generate(runner, prompts, SPEC, depth=3)
+    plans = []
+    out["on"], scheduler = generate(runner, prompts, SPEC, depth=3, plans=plans)
     stats = scheduler.spec.stats
     out["greedy_stats"] = (stats.num_draft_tokens, stats.num_accepted_tokens)
+    out["chained"] = sum(sum(p.draft_chained) for p in plans)  # rows launched before the last finished
     out["sampled"], scheduler = generate(runner, prompts, SPEC, depth=3, temperature=0.3, top_k=5)
     stats = scheduler.spec.stats
     out["sampled_stats"] = (stats.num_draft_tokens, stats.num_accepted_tokens)
@@ -42,6 +44,7 @@ def test_speculation_on_two_ranks_gives_the_tokens_of_one(model_dirs):
     assert got["on"] == ref["on"] and got["greedy_stats"] == ref["greedy_stats"]
     drafted, accepted = got["greedy_stats"]
     assert 0 < accepted < drafted, got["greedy_stats"]  # some drafts accepted, some rejected
+    assert got["chained"] == ref["chained"] > 0  # chained verify rows, void ones rolled back on every rank
     assert got["sampled"] == ref["sampled"] and got["sampled_stats"] == ref["sampled_stats"]
     drafted, accepted = got["sampled_stats"]
     assert 0 < accepted < drafted, got["sampled_stats"]  # rank 0 decided, every rank rolled back

@@ -115,3 +115,20 @@ def test_tokens_for_a_void_row_are_refused():
     apply(s, executor, p1)  # rejects: p2 is void
     with pytest.raises(StepResultError, match="void chained verify row"):
         s.update_from_output(p2, {0: [3, 1]})
+
+
+@pytest.mark.parametrize("num_blocks", [10, 12, 16])
+def test_preemption_mid_chain_keeps_outputs_and_blocks_exact(num_blocks):
+    """A pool so small that requests are preempted, some while chained rows of theirs are in
+    flight: their valid rows' tokens are kept, void rows answer nothing, they recompute later,
+    and every output and block count is as without speculation."""
+    config = dict(max_model_len=32, num_blocks=num_blocks, block_size=4)
+    reference, _, _ = drive(None, scenario(), **config)
+    streams, plans, s = drive(SPEC, scenario(), depth=3, **config)
+    assert same(streams, reference)
+    chained_in_flight = 0
+    for i, plan in enumerate(plans):  # at depth 3 the two plans before this one may be in flight
+        recent = {r for p in plans[max(0, i - 2):i] for r, c in zip(p.cached_requests.req_ids, p.draft_chained) if c}
+        chained_in_flight += len(recent & set(plan.preempted_req_ids))
+    assert chained_in_flight > 0
+    assert s.num_free_blocks == s.num_total_blocks and not s.requests
