@@ -135,8 +135,8 @@ class Scheduler:
             speculate = spec is not None and spec.speculates(request, num_running)  # waits, then drafts
             num_new_tokens = self._num_new_tokens(request, budget, request.num_computed_tokens, speculate)
             # speculating: a verify row (its token, then drafts), maybe chained on rows in flight
-            num_new_tokens, drafts, chained = (spec.plan_row(request, num_new_tokens, budget) if speculate
-                                               else (num_new_tokens, [], False))
+            num_new_tokens, drafts, chained = (spec.plan_row(request, num_new_tokens, budget, num_running)
+                                               if speculate else (num_new_tokens, [], False))
             if num_new_tokens == 0:  # finishes once its token in flight arrives (or speculates)
                 i += 1
                 continue

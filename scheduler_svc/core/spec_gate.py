@@ -78,9 +78,12 @@ class SpecGate:
         s.countdown, s.probing = s.interval, True
         return True
 
-    def score(self, request: Request) -> float:
-        """The request's average of accepted drafts per opportunity."""
-        return self._state(request).score
+    def chains(self, request: Request, num_running: int) -> bool:
+        """Whether a request with verify rows in flight may chain another (no probing: its
+        average is at the bar, and the batch is within disable_by_batch_size)."""
+        if self.disable_by_batch_size and num_running > self.disable_by_batch_size:
+            return False
+        return self._state(request).score >= MIN_ACCEPTED
 
     def observe(self, request: Request, accepted: int) -> None:
         """One opportunity's outcome: the accepted drafts of a verify step, or 0 when the
@@ -131,11 +134,12 @@ class SpecSteps:
         """An applied step's sampled tokens (an int, or a verify row's list), for the trials."""
         self.trials.on_step(sum(1 if isinstance(t, int) else len(t) for t in sampled.values()))
 
-    def plan_row(self, request: Request, num_new_tokens: int, budget: int) -> tuple[int, list[int], bool]:
+    def plan_row(self, request: Request, num_new_tokens: int, budget: int,
+                 num_running: int) -> tuple[int, list[int], bool]:
         """A speculating request's row: (its tokens, its drafts, whether it is chained). With
         num_new_tokens 0 (rows of it in flight) a chained row or none; else that row + drafts."""
         if not num_new_tokens:
-            drafts = self.propose_chained(request, budget)
+            drafts = self.propose_chained(request, budget, num_running)
             return (1 + len(drafts) if drafts else 0), drafts, bool(drafts)
         drafts = self.propose(request, budget - num_new_tokens)
         return num_new_tokens + len(drafts), drafts, False
@@ -146,10 +150,10 @@ class SpecSteps:
             self.gate.observe(request, 0)  # a decode row the proposer found nothing for
         return drafts
 
-    def propose_chained(self, request: Request, budget: int) -> list[int]:
+    def propose_chained(self, request: Request, budget: int, num_running: int) -> list[int]:
         """A chained row's drafts (decoder.propose_chained), only while the measured mode
         and the request's gate are on (else it waits for its rows in flight)."""
-        if not self.trials.on or self.gate.score(request) < MIN_ACCEPTED:
+        if not self.trials.on or not self.gate.chains(request, num_running):
             return []
         return self.decoder.propose_chained(request, budget)
 

@@ -132,3 +132,27 @@ def test_preemption_mid_chain_keeps_outputs_and_blocks_exact(num_blocks):
         chained_in_flight += len(recent & set(plan.preempted_req_ids))
     assert chained_in_flight > 0
     assert s.num_free_blocks == s.num_total_blocks and not s.requests
+
+
+def test_no_chain_past_disable_by_batch_size():
+    """disable_by_batch_size holds for chains too: once more requests run, a request with
+    verify rows in flight chains no more (it waits for them, then decodes plainly)."""
+    from dataclasses import replace
+
+    s = make_scheduler(speculative=replace(SPEC, disable_by_batch_size=1), num_blocks=64, block_size=4)
+    executor = SpecFakeExecutor(4)
+    s.add_request(req(0, [1, 2, 3] * 4, max_tokens=30, ignore_eos=True))
+    plan = s.schedule()
+    apply(s, executor, plan)
+    p1, p2 = s.schedule(), s.schedule()
+    assert p1.num_draft_tokens == [3] and p2.draft_chained == [True]  # alone: it chains
+    s.add_request(req(1, [7, 8, 9] * 3, max_tokens=30, ignore_eos=True))
+    p3 = s.schedule()  # request 1 admitted (request 0 planned first, with 1 running: chains)
+    assert [n.req_id for n in p3.new_requests] == [1] and p3.draft_chained == [True]
+    p4 = s.schedule()  # 2 running > 1: request 0 waits for its rows instead of chaining
+    assert p4.cached_requests.req_ids == [1] and not p4.num_draft_tokens
+    for plan in (p1, p2, p3, p4):
+        apply(s, executor, plan)
+    later = [s.schedule() for _ in range(3)]
+    assert all(not p.num_draft_tokens and not p.draft_chained for p in later)
+    assert all(p.cached_requests.req_ids == [0, 1] for p in later)  # plain pipelined decodes
