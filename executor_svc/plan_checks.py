@@ -86,18 +86,14 @@ def _check_drafts(plan: StepPlan, rows: np.ndarray, n: np.ndarray, batch: InputB
 
 
 def _check_chained(plan: StepPlan, num_drafts: np.ndarray | None, info: ExecutorInfo) -> np.ndarray | None:
-    """Chained verify rows (spec_verify.py): [C] bool, or None without any. Only rows with
-    drafts of the plan's own (n-gram) can be chained: a draft model proposes after the
-    previous row's tokens are known on the device, so its rows never chain."""
+    """Chained verify rows (spec_verify.py): [C] bool, or None without any; a chained row has
+    drafts (the plan's, or as many as the draft model proposes)."""
     if not plan.draft_chained:
         return None
     flags = np.asarray(plan.draft_chained, dtype=bool).reshape(-1)
     num_cached = len(plan.cached_requests.req_ids)
     if len(flags) > num_cached:
         raise PlanError(f"draft_chained has {len(flags)} entries for {num_cached} cached rows")
-    if info.draft_model_path and flags.any():
-        raise PlanError("chained verify rows need the plan's own drafts; this executor's draft "
-                        "model proposes them")
     chained = np.zeros(num_cached, dtype=bool)
     chained[:len(flags)] = flags
     bad = np.flatnonzero(chained & (num_drafts == 0)) if num_drafts is not None else np.flatnonzero(chained)

@@ -222,9 +222,11 @@ class SpecDecoder:
         """Drafts of a chained verify row (spec_rows.py) after the request's rows in flight,
         within `budget` tokens of this step (the row takes 1 + drafts): the n-gram continuation
         of its known tokens followed by the tokens its rows assume, past the token the match
-        predicts after them (their last row's guess, recorded here). [] = none: it waits for
-        its results (a draft model, a void row, max_tokens or the context reached, no match)."""
-        if self.config.method != "ngram" or request.ngram_index is None or not can_chain(request):
+        predicts after them (their last row's guess, recorded here); with a draft model
+        DraftSlots (the executor's draft proposes them). [] = none: it waits for its results (a
+        void row, max_tokens or the context reached, no match)."""
+        draft_model = self.config.method == "draft_model"
+        if not (draft_model or request.ngram_index is not None) or not can_chain(request):
             return []
         assumed, tail = assumed_tokens(request)
         k = min(self.config.num_speculative_tokens, budget - 1,
@@ -232,6 +234,8 @@ class SpecDecoder:
                 self.max_model_len - request.num_tokens - assumed - 1)
         if k <= 0:
             return []
+        if draft_model:  # the executor's draft proposes them, after the previous row's on the device
+            return DraftSlots(k)
         after = request.ngram_index.propose_after(request.token_ids_between, request.num_tokens, tail, k + 1)
         if len(after) < 2:
             return []

@@ -5,9 +5,10 @@ A verify row is chained when it was planned while the request's previous verify 
 in flight, on the assumption that that row accepts every draft (docs/scheduler.md, "Verify rows
 that keep the pipeline"): its positions follow the previous row's last draft, its first input is
 that row's token (fed on the device), and its drafts continue the n-gram match past the
-previous row's drafts and the token the match predicts after them (the guess). When a row
-accepts fewer than all its drafts, every row chained after it is void: its slots are given back
-at once here (num_computed_tokens), and the executor answers it with no token.
+previous row's drafts and the token the match predicts after them (the guess); with a draft
+model, as many drafts as the executor's draft proposes on the device after the previous row. When
+a row accepts fewer than all its drafts, every row chained after it is void: its slots are given
+back at once here (num_computed_tokens), and the executor answers it with no token.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class VerifyRow:
 
 def assumed_tokens(request: Request) -> tuple[int, list[int]]:
     """(how many tokens the request's rows in flight yield if every draft is accepted, the ids
-    of all but the last: each row's drafts, then the guess of the row chained after it)."""
+    of all but the last: each row's drafts, then the guess of the row chained after it; for a
+    draft model's rows placeholders, unused)."""
     rows = request.spec_rows
     tail: list[int] = []
     for row in list(rows)[:-1]:
@@ -54,7 +56,7 @@ def can_chain(request: Request) -> bool:
     """Whether a chained row may follow the request's rows in flight: it has some, none of them
     void, and they are all it has in flight (every slot after its known tokens is theirs)."""
     rows = request.spec_rows
-    if not rows or any(r.void for r in rows) or any(isinstance(r.drafts, DraftSlots) for r in rows):
+    if not rows or any(r.void for r in rows):
         return False
     assumed = sum(r.num_tokens for r in rows)
     return (request.num_pending_tokens == len(rows)

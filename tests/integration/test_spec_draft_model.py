@@ -73,9 +73,13 @@ def reference(runners):
 @pytest.mark.parametrize("depth", [1, 3])
 def test_a_draft_equal_to_the_target_accepts_every_draft(runners, reference, depth):
     runner = runners["same"]
+    plans = []
     tokens, scheduler = generate(runner, prompts_for(runner.info().vocab_size), spec(runner.info().draft_model_path),
-                                 depth=depth)
+                                 depth=depth, plans=plans)
     assert tokens == reference
+    # depth 3: rows chained on rows in flight, the draft proposing after the previous row's
+    # tokens on the device (every one valid: nothing is rejected)
+    assert (sum(sum(p.draft_chained) for p in plans) > 0) == (depth > 1)
     # 48 tokens a request: 1 from the prefill, then 9 verify rows of 4 drafts (5 tokens each)
     # and a last one of 1 draft (max_tokens): 10 rows, 37 drafts, every one accepted
     stats = scheduler.spec.stats

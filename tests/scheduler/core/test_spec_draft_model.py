@@ -36,10 +36,12 @@ def guess(tokens: list[int]) -> int:
 
 class DraftFakeExecutor(SpecFakeExecutor):
     """SpecFakeExecutor whose drafts come from `guess` (greedy, as the draft model's), for
-    plans carrying draft counts without ids."""
+    plans carrying draft counts without ids; chained rows as SpecFakeExecutor's (void unless
+    the request's previous verify row accepted every draft)."""
 
     def execute(self, plan):
         assert not plan.draft_token_ids, "a draft-model plan carries counts only"
+        self.chained = {r for r, c in zip(plan.cached_requests.req_ids, plan.draft_chained) if c}
         self.drafts = {}
         for req_id, d in zip(plan.cached_requests.req_ids, plan.num_draft_tokens):
             tokens = list(self.rows[req_id].token_ids)
