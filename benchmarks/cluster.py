@@ -21,9 +21,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: all bound at once, so the OS cannot hand out one port twice (two
+    free_port() calls in a row can return the same port once the first socket is closed)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 class Cluster:
@@ -33,7 +44,7 @@ class Cluster:
 
     def __init__(self, model: Path, log_dir: Path, executor_args=(), scheduler_args=(),
                  timeout: float = 120, executor_module: str = "executor_svc"):
-        self.port, executor_port = free_port(), free_port()
+        self.port, executor_port = free_ports(2)
         self.internal_token = secrets.token_urlsafe(32)
         self.executor_address = f"127.0.0.1:{executor_port}"
         env = services_env({**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, self.internal_token)

@@ -189,18 +189,18 @@ def test_a_scheduler_asking_for_a_draft_model_the_executor_lacks_exits(model_dir
     """Exit status 1 and one line naming the mismatch, before serving anything."""
     import os
 
-    from benchmarks.cluster import ROOT, free_port
+    from benchmarks.cluster import ROOT, free_ports
     from llmserve.flags import services_env
 
     env = services_env({**os.environ, "OMP_NUM_THREADS": "1"}, "test-token")
-    executor_port = free_port()
+    executor_port, scheduler_port = free_ports(2)
     log = open(tmp_path / "executor.log", "w")
     executor = subprocess.Popen([sys.executable, "-m", "executor_svc", "--model", str(model_dirs["llama"]),
                                  "--device", "cpu", "--port", str(executor_port)],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         text = json.dumps({"model": str(model_dirs["llama"]), "num_speculative_tokens": 3})
-        done = subprocess.run([sys.executable, "-m", "scheduler_svc", "--port", str(free_port()), "--http-port", "0",
+        done = subprocess.run([sys.executable, "-m", "scheduler_svc", "--port", str(scheduler_port), "--http-port", "0",
                                "--executor-address", f"127.0.0.1:{executor_port}", "--speculative-config", text],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     finally:

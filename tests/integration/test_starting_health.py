@@ -12,7 +12,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from benchmarks.cluster import ROOT, free_port, generate
+from benchmarks.cluster import ROOT, free_ports, generate
 from llmserve.launcher import services_env
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
@@ -36,7 +36,7 @@ def _until(predicate, timeout: float, what: str):
 
 
 def test_not_serving_while_the_executor_starts_then_serving(model_dirs, tmp_path):
-    port, executor_port = free_port(), free_port()
+    port, executor_port = free_ports(2)
     env = services_env({**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
                        secrets.token_urlsafe(32))
     log = (tmp_path / "scheduler.log").open("w")

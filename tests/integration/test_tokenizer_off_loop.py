@@ -17,7 +17,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from benchmarks.cluster import ROOT, free_port
+from benchmarks.cluster import ROOT, free_ports
 from llmserve.flags import services_env
 from scheduler_svc.api import server
 from scheduler_svc.config import from_args
@@ -51,7 +51,7 @@ def test_health_answers_while_the_tokenizer_loads(tmp_path, monkeypatch):
     from executor_svc.random_model import build_tokenizer
 
     build_tokenizer(tmp_path, 1024, 4096)
-    port, executor_port = free_port(), free_port()
+    port, executor_port = free_ports(2)
     for key, value in services_env({}, secrets.token_urlsafe(32)).items():
         monkeypatch.setenv(key, value)
     fake = subprocess.Popen([sys.executable, "-m", "benchmarks.fake_executor", "--model", str(tmp_path),

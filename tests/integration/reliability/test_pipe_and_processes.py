@@ -17,7 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from benchmarks.cluster import ROOT, free_port, generate
+from benchmarks.cluster import ROOT, free_port, free_ports, generate
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from tests.integration.conftest import start_cluster
@@ -188,9 +188,9 @@ def _assert_group_gone(proc: subprocess.Popen) -> None:
 
 
 def test_llmserve_sigterm_exits_0_and_leaves_no_process(model_dirs, tmp_path):
-    port = free_port()
+    port, executor_port = free_ports(2)
     proc = _llmserve(["--model", str(model_dirs["llama"]), "--port", str(port),
-                      "--executor-port", str(free_port()), "--executor-args", "--device cpu"],
+                      "--executor-port", str(executor_port), "--executor-args", "--device cpu"],
                      tmp_path / "llmserve.log")
     try:
         _wait_until(lambda: _serving(port) or proc.poll() is not None, 120, "llmserve serves")
@@ -205,8 +205,9 @@ def test_llmserve_sigterm_exits_0_and_leaves_no_process(model_dirs, tmp_path):
 
 
 def test_llmserve_with_a_missing_model_fails_and_leaves_no_process(tmp_path):
-    proc = _llmserve(["--model", str(tmp_path / "no-such-model"), "--port", str(free_port()),
-                      "--executor-port", str(free_port()), "--executor-args", "--device cpu"],
+    port, executor_port = free_ports(2)
+    proc = _llmserve(["--model", str(tmp_path / "no-such-model"), "--port", str(port),
+                      "--executor-port", str(executor_port), "--executor-args", "--device cpu"],
                      tmp_path / "llmserve.log")
     try:
         assert proc.wait(timeout=60) != 0
@@ -217,8 +218,9 @@ def test_llmserve_with_a_missing_model_fails_and_leaves_no_process(tmp_path):
 
 def test_ctrl_c_during_start_up_prints_no_traceback_and_leaves_no_process(model_dirs, tmp_path):
     log = tmp_path / "llmserve.log"
-    proc = _llmserve(["--model", str(model_dirs["llama"]), "--port", str(free_port()),
-                      "--executor-port", str(free_port()), "--executor-args", "--device cpu"], log)
+    port, executor_port = free_ports(2)
+    proc = _llmserve(["--model", str(model_dirs["llama"]), "--port", str(port),
+                      "--executor-port", str(executor_port), "--executor-args", "--device cpu"], log)
     try:
         time.sleep(3)  # the executor is still loading; the scheduler waits for it
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the whole group
@@ -236,8 +238,9 @@ def _service(module: str, args: list[str], log: Path) -> subprocess.Popen:
 
 def _lone_scheduler(log: Path) -> subprocess.Popen:
     """A scheduler with no executor at all: its core waits for one, as during any start."""
-    return _service("scheduler_svc", ["--port", str(free_port()),
-                                      "--executor-address", f"127.0.0.1:{free_port()}"], log)
+    port, executor_port = free_ports(2)
+    return _service("scheduler_svc", ["--port", str(port),
+                                      "--executor-address", f"127.0.0.1:{executor_port}"], log)
 
 
 def test_each_service_exits_0_on_sigterm_during_start_up(model_dirs, tmp_path):
