@@ -190,7 +190,7 @@ def verify(v: VerifyRows, logits: torch.Tensor, last_sampled: torch.Tensor, chai
     if v.chained is not None:
         v.valid = ~v.chained | chain_ok[v.rows]
         full &= v.valid
-        final = torch.where(v.valid, final, v.prev_last if v.prev_last is not None else bonus)
+        final = torch.where(v.valid, final, v.prev_last)  # (set at launch for chained steps)
     chain_ok.index_copy_(0, v.rows, full)
     last_sampled.index_copy_(0, v.rows, final)
 

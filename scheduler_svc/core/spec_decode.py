@@ -17,7 +17,7 @@ from step_protocol.domain import DraftSlots, ExecutorInfo
 from .logprobs import StepLogprobs, token_output
 from .outputs import RequestOutput
 from .request import Request
-from .spec_rows import VerifyRow, assumed_tokens, can_chain, settle_row
+from .spec_rows import VerifyRow, assumed_tail, chainable, settle_row
 
 METHODS = ("ngram", "draft_model")
 
@@ -226,9 +226,9 @@ class SpecDecoder:
         DraftSlots (the executor's draft proposes them). [] = none: it waits for its results (a
         void row, max_tokens or the context reached, no match)."""
         draft_model = self.config.method == "draft_model"
-        if not (draft_model or request.ngram_index is not None) or not can_chain(request):
+        assumed = chainable(request) if draft_model or request.ngram_index is not None else 0
+        if not assumed:
             return []
-        assumed, tail = assumed_tokens(request)
         k = min(self.config.num_speculative_tokens, budget - 1,
                 request.params.max_tokens - request.num_output_tokens - assumed - 1,
                 self.max_model_len - request.num_tokens - assumed - 1)
@@ -236,7 +236,8 @@ class SpecDecoder:
             return []
         if draft_model:  # the executor's draft proposes them, after the previous row's on the device
             return DraftSlots(k)
-        after = request.ngram_index.propose_after(request.token_ids_between, request.num_tokens, tail, k + 1)
+        after = request.ngram_index.propose_after(request.token_ids_between, request.num_tokens,
+                                                  assumed_tail(request), k + 1)
         if len(after) < 2:
             return []
         request.spec_rows[-1].guess = after[0]

@@ -39,28 +39,28 @@ class VerifyRow:
         return 1 + len(self.drafts)
 
 
-def assumed_tokens(request: Request) -> tuple[int, list[int]]:
-    """(how many tokens the request's rows in flight yield if every draft is accepted, the ids
-    of all but the last: each row's drafts, then the guess of the row chained after it; for a
-    draft model's rows placeholders, unused)."""
-    rows = request.spec_rows
+def assumed_tail(request: Request) -> list[int]:
+    """The ids the request's n-gram rows in flight assume after its known tokens, all but the
+    last row's bonus: each row's drafts, then the guess of the row chained after it."""
+    rows = list(request.spec_rows)
     tail: list[int] = []
-    for row in list(rows)[:-1]:
+    for row in rows[:-1]:
         tail += row.drafts
         tail.append(row.guess)
-    tail += rows[-1].drafts
-    return sum(r.num_tokens for r in rows), tail
+    return tail + rows[-1].drafts
 
 
-def can_chain(request: Request) -> bool:
-    """Whether a chained row may follow the request's rows in flight: it has some, none of them
-    void, and they are all it has in flight (every slot after its known tokens is theirs)."""
+def chainable(request: Request) -> int:
+    """How many tokens the request's rows in flight yield if every draft is accepted, when a
+    chained row may follow them (some rows, none void, and they are all it has in flight:
+    every slot after its known tokens is theirs); else 0."""
     rows = request.spec_rows
     if not rows or any(r.void for r in rows):
-        return False
+        return 0
     assumed = sum(r.num_tokens for r in rows)
-    return (request.num_pending_tokens == len(rows)
-            and request.num_computed_tokens == request.num_tokens - 1 + assumed)
+    ok = (request.num_pending_tokens == len(rows)
+          and request.num_computed_tokens == request.num_tokens - 1 + assumed)
+    return assumed if ok else 0
 
 
 def settle_row(request: Request, token_ids: int | list[int] | None) -> tuple[int, int, int]:
