@@ -1,10 +1,19 @@
-"""Registers the public servicer on a grpc.aio server behind two guards at the wire's edge.
+"""LLMServe's methods on the public grpc.aio server, from the process's start, behind three
+guards at the wire's edge.
 
-1. Malformed bytes (invalid UTF-8 in a string field, truncated or garbage wire data): the
+The handler is registered before the server starts, when the executor is not known yet; until
+`serve_with` installs the servicer, every LLMServe call is answered UNAVAILABLE ("the server is
+starting"). One server and one socket serve the whole life of the process, so no client sees a
+hand-over (a second server taking the port over cancelled the calls racing its stop).
+
+1. Oversized requests: gRPC's own receive limit is fixed when the server is built, before the
+   model's context length is known (`TRANSPORT_MAX_MODEL_LEN`); the deserializer refuses a
+   request over the exact limit of the served model with RESOURCE_EXHAUSTED before parsing it.
+2. Malformed bytes (invalid UTF-8 in a string field, truncated or garbage wire data): the
    generated `add_LLMServeServicer_to_server` parses with `FromString`, whose DecodeError grpc
-   answers UNKNOWN/INTERNAL before any handler runs. Our deserializers return a `Malformed`
+   answers UNKNOWN/INTERNAL before any handler runs. Our deserializers return a `Refused`
    marker instead, which the guard answers with INVALID_ARGUMENT.
-2. Unexpected exceptions: grpc would answer UNKNOWN with the exception's class and text. The
+3. Unexpected exceptions: grpc would answer UNKNOWN with the exception's class and text. The
    guard logs the traceback under an error id and answers INTERNAL "internal error (error id
    ...)"; no internal text reaches a client.
 """
@@ -27,39 +36,79 @@ log = logging.getLogger("llmserve.api")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LLMServe"].full_name
 
 
-class Malformed:
-    """What a request's deserializer returns for bytes that are not a valid message."""
-
-    def __init__(self, message_type: str, reason: str):
-        self.message = f"the request is not a valid {message_type}: {reason}"
+STARTING_MESSAGE = "the server is starting: the executor is not ready yet; retry shortly"
 
 
-def add_llmserve_servicer(servicer, server: grpc.aio.Server) -> None:
-    """Like the generated add_LLMServeServicer_to_server, with guarded handlers."""
-    handlers = {}
-    for method in pb.DESCRIPTOR.services_by_name["LLMServe"].methods:
-        request_cls = _message_class(method.input_type.name)
-        response_cls = _message_class(method.output_type.name)
-        behaviour = _guard(getattr(servicer, method.name), f"{SERVICE_NAME}/{method.name}")
-        make = (grpc.unary_stream_rpc_method_handler if method.server_streaming
-                else grpc.unary_unary_rpc_method_handler)
-        handlers[method.name] = make(behaviour, request_deserializer=_deserializer(request_cls),
-                                     response_serializer=response_cls.SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+class Refused:
+    """What a request's deserializer returns instead of a message it will not parse."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        self.code = code
+        self.message = message
+
+
+class LLMServeHandlers(grpc.GenericRpcHandler):
+    """LLMServe on a server: UNAVAILABLE for every method until `serve_with`, then the servicer's
+    methods behind the guards (like the generated add_LLMServeServicer_to_server)."""
+
+    def __init__(self):
+        self._handlers: dict[str, grpc.RpcMethodHandler] | None = None
+
+    def serve_with(self, servicer, max_request_bytes: int) -> None:
+        handlers = {}
+        for method in pb.DESCRIPTOR.services_by_name["LLMServe"].methods:
+            request_cls = _message_class(method.input_type.name)
+            response_cls = _message_class(method.output_type.name)
+            behaviour = _guard(getattr(servicer, method.name), f"{SERVICE_NAME}/{method.name}")
+            make = (grpc.unary_stream_rpc_method_handler if method.server_streaming
+                    else grpc.unary_unary_rpc_method_handler)
+            handlers[method.name] = make(
+                behaviour, request_deserializer=_deserializer(request_cls, max_request_bytes),
+                response_serializer=response_cls.SerializeToString)
+        self._handlers = handlers  # one assignment: a call sees the old table or the new one
+
+    def service(self, handler_call_details):
+        service, _, name = handler_call_details.method.lstrip("/").partition("/")
+        if service != SERVICE_NAME:
+            return None  # UNIMPLEMENTED, as for any unknown service
+        if self._handlers is None:
+            return _STARTING
+        return self._handlers.get(name)
+
+
+async def _unavailable(request, context):
+    await context.abort(grpc.StatusCode.UNAVAILABLE, STARTING_MESSAGE)
+
+
+# Every LLMServe method takes one request message, so one unary handler answers each of them
+# (it aborts before any response); the request is not parsed.
+_STARTING = grpc.unary_unary_rpc_method_handler(_unavailable)
+
+
+def add_llmserve_servicer(servicer, server: grpc.aio.Server, max_request_bytes: int = 1 << 62) -> None:
+    """The servicer on a server that is not started yet, serving at once (tests)."""
+    handlers = LLMServeHandlers()
+    handlers.serve_with(servicer, max_request_bytes)
+    server.add_generic_rpc_handlers((handlers,))
 
 
 def _message_class(name: str) -> type:
     return getattr(pb, name)
 
 
-def _deserializer(request_cls) -> Callable[[bytes], object]:
+def _deserializer(request_cls, max_bytes: int) -> Callable[[bytes], object]:
     def parse(data: bytes):
+        if len(data) > max_bytes:
+            return Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"the request is {len(data)} bytes; this server takes at most {max_bytes} "
+                           "(from --max-prompt-bytes, --max-chat-messages, the stop limits and the "
+                           "model's max_model_len)")
         try:
             return request_cls.FromString(data)
         except DecodeError as e:
             reason = str(e).rpartition(": ")[2] or "wire format was corrupt"
-            return Malformed(request_cls.DESCRIPTOR.full_name, reason)
+            return Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"the request is not a valid {request_cls.DESCRIPTOR.full_name}: {reason}")
     return parse
 
 
@@ -80,11 +129,11 @@ async def abort_with(context, error: RequestError) -> None:
 
 
 def _guard(method, rpc: str):
-    """The servicer method behind the malformed-input check and the exception guard."""
+    """The servicer method behind the refused-input check and the exception guard."""
     if inspect.isasyncgenfunction(method):
         async def stream(request, context):
-            if isinstance(request, Malformed):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            if isinstance(request, Refused):
+                await context.abort(request.code, request.message)
             try:
                 async for response in method(request, context):
                     yield response
@@ -95,8 +144,8 @@ def _guard(method, rpc: str):
         return stream
 
     async def unary(request, context):
-        if isinstance(request, Malformed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        if isinstance(request, Refused):
+            await context.abort(request.code, request.message)
         try:
             return await method(request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):

@@ -12,10 +12,11 @@ from grpc_health.v1 import health_pb2
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from scheduler_svc.api.engine_client import CoreStartError, EngineClient
 from scheduler_svc.api.metrics import Metrics
-from scheduler_svc.api.public_server import build_public_server
+from scheduler_svc.api.public_server import start_public_server
 from scheduler_svc.api.security import server_credentials
-from scheduler_svc.api.starting_server import start_starting_server
+from scheduler_svc.api.servicer import LLMServeServicer
 from scheduler_svc.api.tokenize_pool import TokenizePool
+from scheduler_svc.api.validation import SizeLimits
 from scheduler_svc.config import SchedulerConfig, from_args
 from scheduler_svc.core.tokenizer import Tokenizer
 from scheduler_svc.runtime import configure_logging, run_async
@@ -33,54 +34,65 @@ async def serve(config: SchedulerConfig) -> bool:
     credentials = server_credentials(config.ssl_certfile, config.ssl_keyfile, config.ssl_ca_certs)
     metrics = Metrics(log_requests=config.log_requests)  # the one registry of this process
     engine = EngineClient(config, metrics)
-    starting = await start_starting_server(config.host, config.port, credentials)
+    public = await start_public_server(config, credentials)  # answers at once: "starting"
     log.info("waiting for the executor at %s", config.executor_address)
     try:
         info = await _start_unless_stopped(engine, stop)
     except BaseException:
-        if starting is not None:
-            await starting.stop(None)
+        await public.server.stop(None)
         raise
     if info is None:
         log.info("stopped during start-up")
-        if starting is not None:
-            await starting.stop(None)
+        await public.server.stop(None)
         return True
     log.info("executor ready: model %s, %d KV blocks of %d tokens, max_model_len %d, graphs %s",
              info.model_name, info.num_blocks, info.block_size, info.max_model_len,
              list(info.cuda_graph_sizes) or "off")
     metrics.bind(engine, info.model_name, info.max_model_len)
-    # Off the event loop: the starting server on this loop keeps answering health meanwhile.
-    tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained, config.tokenizer or info.model_path)
+    try:
+        return await _serve_ready(config, engine, info, public, metrics, stop, credentials)
+    finally:
+        await engine.stop()
 
-    pool = TokenizePool(tokenizer, config.tokenizer_pool_size, max_pending=config.max_waiting)
-    server, health_servicer = build_public_server(config, engine, pool, credentials)
-    address = f"{config.host}:{config.port}"
-    await server.start()  # beside the starting server (SO_REUSEPORT), which goes now
-    if starting is not None:
-        await starting.stop(None)
-    watch = asyncio.create_task(_follow_executor_health(engine, health_servicer))
-    if config.metrics_port:
-        metrics.serve(config.metrics_port)
+
+async def _serve_ready(config: SchedulerConfig, engine: EngineClient, info, public, metrics: Metrics,
+                       stop: asyncio.Event, credentials) -> bool:
+    """With the engine ready: loads the tokenizer, switches the public server to the servicer,
+    serves until `stop` or the core's loss, then drains the servers."""
+    pool = None
+    watch = None
     http = None
-    if config.http_port:  # the OpenAI-compatible HTTP API, on the same engine and loop
-        from scheduler_svc.api.http.serve import start_http
+    try:
+        # Off the event loop: the public server on this loop keeps answering health meanwhile.
+        tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained, config.tokenizer or info.model_path)
+        pool = TokenizePool(tokenizer, config.tokenizer_pool_size, max_pending=config.max_waiting)
+        sizes = SizeLimits.from_config(config)
+        public.serve_with(LLMServeServicer(engine, pool, sizes, info.model_name, config.max_waiting,
+                                           config.enable_prefix_caching),
+                          sizes, info.max_model_len, info.max_logit_bias)
+        watch = asyncio.create_task(_follow_executor_health(engine, public.health))
+        if config.metrics_port:
+            metrics.serve(config.metrics_port)
+        if config.http_port:  # the OpenAI-compatible HTTP API, on the same engine and loop
+            from scheduler_svc.api.http.serve import start_http
 
-        http = await start_http(config, engine, pool, tokenizer, metrics)
-    log.info("serving llmserve.v1.LLMServe on %s (%s, %s)", address,
-             "TLS" if credentials else "plaintext", "API key required" if config.api_key else "no API key")
-
-    await asyncio.wait([asyncio.create_task(stop.wait()), asyncio.create_task(engine.core_lost.wait())],
-                       return_when=asyncio.FIRST_COMPLETED)
-    log.info("shutting down")
-    watch.cancel()
-    await health_servicer.enter_graceful_shutdown()
-    if http is not None:
-        await http.stop()
-    await server.stop(grace=2.0)
-    pool.close()
-    await engine.stop()
-    return stop.is_set() or not engine.core_lost.is_set()
+            http = await start_http(config, engine, pool, tokenizer, metrics)
+        log.info("serving llmserve.v1.LLMServe on %s:%d (%s, %s)", config.host, config.port,
+                 "TLS" if credentials else "plaintext",
+                 "API key required" if config.api_key else "no API key")
+        await asyncio.wait([asyncio.create_task(stop.wait()), asyncio.create_task(engine.core_lost.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+        log.info("shutting down")
+        return stop.is_set() or not engine.core_lost.is_set()
+    finally:
+        if watch is not None:
+            watch.cancel()
+        await public.health.enter_graceful_shutdown()
+        if http is not None:
+            await http.stop()
+        await public.server.stop(grace=2.0)
+        if pool is not None:
+            pool.close()
 
 
 async def _follow_executor_health(engine: EngineClient, health_servicer, period: float = 0.2) -> None:

@@ -86,6 +86,8 @@ HOSTILE = [
     _gen("text over the byte cap", INVALID, "--max-prompt-bytes", text="a" * (4 * MIB + 1)),
     _gen("multibyte text over the byte cap", INVALID, "--max-prompt-bytes", text="é" * (2 * MIB + 1)),
     _gen("50 MB message", grpc.StatusCode.RESOURCE_EXHAUSTED, "larger than max", text="a" * (50 * MIB)),
+    # over the served model's limit, under gRPC's (fixed before the model was known): unparsed
+    _gen("6 MB message", grpc.StatusCode.RESOURCE_EXHAUSTED, "this server takes at most", text="a" * (6 * MIB)),
     _gen("chat over the byte cap", INVALID, "--max-prompt-bytes",
          chat=[("user", "a" * (2 * MIB)), ("user", "a" * (2 * MIB))]),
     Hostile("1025 chat messages", _chat_of(1025), INVALID, "--max-chat-messages"),
