@@ -9,8 +9,8 @@ import sys
 
 from grpc_health.v1 import health_pb2
 
-from protos.llmserve.v1 import llmserve_pb2 as pb
 from scheduler_svc.api.engine_client import CoreStartError, EngineClient
+from scheduler_svc.api.handlers import SERVICE_NAME
 from scheduler_svc.api.metrics import Metrics
 from scheduler_svc.api.public_server import start_public_server
 from scheduler_svc.api.security import server_credentials
@@ -22,7 +22,6 @@ from scheduler_svc.core.tokenizer import Tokenizer
 from scheduler_svc.runtime import configure_logging, run_async
 
 log = logging.getLogger("llmserve.scheduler")
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LLMServe"].full_name
 
 
 async def serve(config: SchedulerConfig) -> bool:
