@@ -49,15 +49,16 @@ async def serve(config: SchedulerConfig) -> bool:
              list(info.cuda_graph_sizes) or "off")
     metrics.bind(engine, info.model_name, info.max_model_len)
     try:
-        return await _serve_ready(config, engine, info, public, metrics, stop, credentials)
+        return await _serve_ready(config, engine, public, metrics, stop, credentials)
     finally:
         await engine.stop()
 
 
-async def _serve_ready(config: SchedulerConfig, engine: EngineClient, info, public, metrics: Metrics,
+async def _serve_ready(config: SchedulerConfig, engine: EngineClient, public, metrics: Metrics,
                        stop: asyncio.Event, credentials) -> bool:
     """With the engine ready: loads the tokenizer, switches the public server to the servicer,
     serves until `stop` or the core's loss, then drains the servers."""
+    info = engine.info
     pool = None
     watch = None
     http = None

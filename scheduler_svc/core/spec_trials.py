@@ -10,8 +10,9 @@ comparison comes at once; after that a trial of the losing mode runs every `inte
 the interval doubling (up to MAX_INTERVAL) each time the same mode wins again, so a settled
 choice costs little. A mode wins only by MARGIN (noise). A trial is short because it is usually
 the losing mode: at batch 1 on a repeated passage, a 32-step window without speculation yields
-32 tokens where speculation yields ~150 (docs/benchmarks.md, Run O). The clock is the scheduler's (time.perf_counter unless a test gives one;
-one that does not move measures nothing and so runs no trials: speculation stays on). Idle time
+32 tokens where speculation yields ~150 (docs/benchmarks.md, Run O). The clock is the
+scheduler's (time.perf_counter unless a test gives one; one that does not move measures nothing
+and so runs no trials: speculation stays on). Idle time
 is never measured: a request arriving at an idle scheduler restarts the window (restart()), and
 so does a gap of IDLE_GAP_S between two results.
 """
