@@ -28,12 +28,15 @@ ALL = -1  # req_id of an error meant for every request
 class RequestError(Exception):
     """A request the server refuses or could not finish; `code` names the gRPC status to answer
     with ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL"). The one error
-    type of both processes: validation raises it, the engine core sends it over the pipe."""
+    type of both processes: validation raises it, the engine core sends it over the pipe.
+    `param` names the request field at fault (the domain name, e.g. "max_tokens"; each door
+    reports it as its client spelled it), or None."""
 
-    def __init__(self, code: str, message: str):
-        super().__init__(code, message)
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(code, message, param)
         self.code = code
         self.message = message
+        self.param = param
 
     def __str__(self) -> str:
         return self.message

@@ -10,9 +10,9 @@ import time
 from scheduler_svc.api.engine_client import EngineClient
 from scheduler_svc.api.prompts import Prompt, TokenIdsPrompt
 from scheduler_svc.api.tokenize_pool import TokenizePool
-from scheduler_svc.api.validation import (Limits, RawParams, SizeLimits, build_sampling_params,
-                                          check_prompt, check_prompt_len, check_prompt_size,
-                                          check_request_size)
+from scheduler_svc.api.request_params import RawParams, build_sampling_params
+from scheduler_svc.api.validation import (Limits, SizeLimits, check_prompt, check_prompt_len,
+                                          check_prompt_size, check_request_size)
 from scheduler_svc.core.request import SamplingParams
 from scheduler_svc.messages import RequestError
 

@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+from google.protobuf import unknown_fields
+
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from scheduler_svc.api.prompts import ChatPrompt, Prompt, TextPrompt, TokenIdsPrompt
-from scheduler_svc.api.validation import RawParams
+from scheduler_svc.api.request_params import RawParams
 from scheduler_svc.core.outputs import LogprobColumns, RequestOutput
 from scheduler_svc.core.request import FinishReason
 
@@ -114,4 +116,23 @@ def prompt_from_pb(request: pb.GenerateRequest | pb.TokenizeRequest) -> Prompt |
         return TokenIdsPrompt(request.token_ids.ids)
     if kind == "chat":
         return chat_from_pb(request.chat)
+    return None
+
+
+def unknown_field(msg, path: str = "") -> str | None:
+    """Where `msg` (or a message inside it) holds a field this server's proto does not declare
+    (a newer client's): "params.#42", or None. Such a field is refused, not ignored: it might
+    change the output. (~0.3 µs a message.)"""
+    unknown = unknown_fields.UnknownFieldSet(msg)
+    if len(unknown):
+        return f"{path}#{unknown[0].field_number}"
+    for fd, value in msg.ListFields():
+        if fd.message_type is None or fd.message_type.GetOptions().map_entry:
+            continue  # scalars, and our maps (scalar values)
+        items = enumerate(value) if fd.is_repeated else ((None, value),)
+        for i, item in items:
+            where = f"{path}{fd.name}" + ("" if i is None else f"[{i}]") + "."
+            found = unknown_field(item, where)
+            if found is not None:
+                return found
     return None

@@ -1,5 +1,9 @@
 """Request bodies of the OpenAI-compatible HTTP API (pydantic), and their conversion to the
-API's own RawParams and prompts. Unknown fields are ignored (OpenAI's SDK sends some)."""
+API's own RawParams and prompts (validated by request_params.py, as the gRPC door's are).
+
+No field is silently ignored: a body with a field not declared here is refused with 400
+naming it (`extra="forbid"`; UNSUPPORTED gives the reason for the fields clients send most).
+The only fields accepted and ignored are those that cannot change the output (IGNORED)."""
 
 from __future__ import annotations
 
@@ -8,18 +12,59 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler_svc.api.prompts import ChatPrompt, TextPrompt, TokenIdsPrompt
-from scheduler_svc.api.validation import RawParams, invalid
+from scheduler_svc.api.request_params import RawParams
+from scheduler_svc.api.validation import invalid
+
+# Fields of OpenAI's and vLLM's APIs that change the output and that this server does not
+# implement yet: refused by name, with what they are (docs/api.md lists them).
+UNSUPPORTED = {
+    "response_format": "structured outputs", "structured_outputs": "structured outputs",
+    "guided_json": "structured outputs", "guided_regex": "structured outputs",
+    "guided_choice": "structured outputs", "guided_grammar": "structured outputs",
+    "guided_decoding_backend": "structured outputs", "guided_whitespace_pattern": "structured outputs",
+    "tools": "tool calling", "tool_choice": "tool calling", "functions": "tool calling",
+    "function_call": "tool calling", "tool_calls": "tool calling", "tool_call_id": "tool calling",
+    "prompt_logprobs": "prompt logprobs over HTTP (the gRPC API has them)",
+    "audio": "audio", "modalities": "audio", "reasoning_effort": "reasoning models",
+    "web_search_options": "web search", "prediction": "predicted outputs",
+    "skip_special_tokens": "special-token handling", "spaces_between_special_tokens": "special-token handling",
+    "use_beam_search": "beam search", "length_penalty": "beam search",
+    "bad_words": "bad words", "allowed_token_ids": "allowed token ids",
+    "truncate_prompt_tokens": "prompt truncation", "chat_template": "custom chat templates",
+    "chat_template_kwargs": "custom chat templates", "continue_final_message": "continuing a message",
+    "add_special_tokens": "special-token handling", "documents": "RAG documents",
+    "continuous_usage_stats": "usage in every chunk", "name": "named chat participants",
+}
+
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
 
 class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class _Sampling(_Body):
+class _Ignored(_Body):
+    """Fields accepted and ignored: none can change the output (OpenAI's bookkeeping, caching
+    and routing hints; parallel_tool_calls means nothing without tools, which are refused)."""
+
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    parallel_tool_calls: bool | None = None
+
+
+IGNORED = tuple(_Ignored.model_fields)
+
+
+class _Sampling(_Ignored):
     """Fields both generation endpoints share (OpenAI's, then vLLM's extras)."""
 
     model: str | None = None
@@ -34,7 +79,6 @@ class _Sampling(_Body):
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
     # vLLM's extras
     top_k: int | None = None
     min_p: float | None = None
@@ -45,12 +89,13 @@ class _Sampling(_Body):
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False  # each choice also carries its token ids ("token_ids")
 
-    def raw_params(self, max_tokens: int | None, logprobs: bool, top_logprobs: int) -> RawParams:
+    def raw_params(self, max_tokens: int | None, logprobs: bool, top_logprobs: int,
+                   default_max_tokens: int | None = None) -> RawParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         try:
             bias = {int(k): v for k, v in (self.logit_bias or {}).items()}
         except ValueError:
-            raise invalid("logit_bias keys must be token ids (integers as strings)") from None
+            raise invalid("logit_bias keys must be token ids (integers as strings)", "logit_bias") from None
         top_k = self.top_k or 0
         return RawParams(
             max_tokens=max_tokens, temperature=self.temperature,
@@ -61,8 +106,12 @@ class _Sampling(_Body):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=self.repetition_penalty, min_p=self.min_p or 0.0,
-            logit_bias=bias, min_tokens=self.min_tokens,
+            logit_bias=bias, min_tokens=self.min_tokens, default_max_tokens=default_max_tokens,
         )
+
+    def client_param(self, param: str | None) -> str | None:
+        """A refused field's name as this body spells it (validation names the domain's)."""
+        return param
 
     @property
     def include_usage(self) -> bool:
@@ -81,7 +130,7 @@ class CompletionRequest(_Sampling):
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             if len(p) != 1:
                 raise invalid(f"prompt has {len(p)} prompts; this server completes one prompt "
-                              "per request")
+                              "per request", "prompt")
             p = p[0]
         if isinstance(p, str):
             return TextPrompt(p)
@@ -89,14 +138,19 @@ class CompletionRequest(_Sampling):
 
     def to_raw(self) -> RawParams:
         if self.echo:
-            raise invalid("echo is not supported")
+            raise invalid("echo is not supported yet (it needs prompt logprobs over HTTP)", "echo")
         if self.suffix:
-            raise invalid("suffix is not supported")
+            raise invalid("suffix is not supported (no fill-in-the-middle)", "suffix")
         if self.best_of is not None and self.best_of != (self.n or 1):
-            raise invalid("best_of must equal n (best_of sampling is not supported)")
+            raise invalid("best_of must equal n (best_of sampling is not supported)", "best_of")
         if self.logprobs is not None and self.logprobs < 0:
-            raise invalid(f"logprobs={self.logprobs} must be >= 0")
-        return self.raw_params(self.max_tokens, self.logprobs is not None, self.logprobs or 0)
+            raise invalid(f"logprobs={self.logprobs} must be >= 0", "logprobs")
+        # OpenAI's and vLLM's completions generate 16 tokens when max_tokens is unset
+        return self.raw_params(self.max_tokens, self.logprobs is not None, self.logprobs or 0,
+                               default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+
+    def client_param(self, param: str | None) -> str | None:
+        return "logprobs" if param == "top_logprobs" else param
 
 
 class ContentPart(_Body):
@@ -142,6 +196,11 @@ class ChatCompletionRequest(_Sampling):
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens
         return self.raw_params(max_tokens, self.logprobs, self.top_logprobs or 0)
+
+    def client_param(self, param: str | None) -> str | None:
+        if param == "max_tokens" and self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return "messages" if param == "prompt" else param
 
 
 class TokenizeRequest(_Body):

@@ -4,9 +4,9 @@ status codes)."""
 import pytest
 
 from scheduler_svc.api.prompts import ChatPrompt, TextPrompt, TokenIdsPrompt
-from scheduler_svc.api.validation import (MAX_REQUEST_ID_BYTES, Limits, RawParams, SizeLimits,
-                                          build_sampling_params, check_prompt, check_prompt_size,
-                                          check_request_size, max_request_bytes)
+from scheduler_svc.api.request_params import RawParams, build_sampling_params
+from scheduler_svc.api.validation import (MAX_REQUEST_ID_BYTES, Limits, SizeLimits, check_prompt,
+                                          check_prompt_size, check_request_size, max_request_bytes)
 from scheduler_svc.messages import RequestError
 
 # 784 KV slots: room for 785 tokens, as the last sampled token is never fed back (one rule with
