@@ -170,3 +170,23 @@ def test_grpc_params_are_refused_by_name_or_run(grpc_servicer, fields):
     except Aborted as e:
         assert e.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED), e.message
         assert any(name in e.message for name in fields), f"{e.message!r} names none of {sorted(fields)}"
+
+
+def test_grpc_fields_this_server_does_not_know_are_refused_by_name():
+    """A newer client's field (a number our proto lacks) is refused, not silently dropped."""
+    from scheduler_svc.api.handlers import Refused, _deserializer
+
+    parse = _deserializer(pb.GenerateRequest, 1 << 20)
+    known = pb.GenerateRequest(text="hi", params=pb.SamplingParams(max_tokens=3))
+    assert parse(known.SerializeToString()) == known
+    field_99 = bytes([(99 << 3 & 0x7F) | 0x80, 99 >> 4, 5])  # field 99, varint 5
+    params = pb.SamplingParams(max_tokens=3).SerializeToString() + field_99
+    wire = pb.GenerateRequest(text="hi").SerializeToString() + bytes([0x22, len(params)]) + params
+    refused = parse(wire)
+    assert isinstance(refused, Refused) and refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.message.startswith("params.#99: field number 99 is not a field")
+    chat = pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="x")]))
+    turn = pb.ChatMessage(role="user", content="y").SerializeToString() + field_99
+    chat_body = chat.chat.SerializeToString() + bytes([0x0A, len(turn)]) + turn
+    wire = bytes([0x1A, len(chat_body)]) + chat_body
+    assert parse(wire).message.startswith("chat.messages[1].#99")
