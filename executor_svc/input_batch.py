@@ -55,17 +55,20 @@ class InputBatch:
         state = RequestState(new.req_id, row, np.asarray(new.token_ids, dtype=np.int64).reshape(-1))
         self.requests[new.req_id] = state
         self.states[row] = state
-        self.block_table[row] = 0
-        self.num_blocks[row] = 0
-        self.num_computed[row] = new.num_computed_tokens
-        self.num_known[row] = len(state.token_ids)
-        s = new.sampler_params
-        self.temperature[row], self.top_k[row], self.top_p[row] = s.temperature, s.top_k, s.top_p
-        self.seed[row] = s.seed & 0x7FFFFFFFFFFFFFFF
-        self.sampling.add(row, new)
+        # All or nothing: a request whose row cannot be set up (a value its arrays cannot
+        # take, its sampling state) is forgotten again, and its row is free for the next
+        # request, which overwrites every field below (a failed add fails that request alone).
         try:
+            self.block_table[row] = 0
+            self.num_blocks[row] = 0
+            self.num_computed[row] = new.num_computed_tokens
+            self.num_known[row] = len(state.token_ids)
+            s = new.sampler_params
+            self.temperature[row], self.top_k[row], self.top_p[row] = s.temperature, s.top_k, s.top_p
+            self.seed[row] = s.seed & 0x7FFFFFFFFFFFFFFF
+            self.sampling.add(row, new)
             self.append_blocks(state, new.block_ids)
-        except ValueError:
+        except BaseException:
             self.remove(new.req_id)
             raise
         return state

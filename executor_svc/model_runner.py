@@ -10,7 +10,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from executor_svc.attention import AttentionMetadata
@@ -18,7 +17,7 @@ from executor_svc.cuda_graphs import GraphRunner, GraphShape
 from executor_svc.input_batch import InputBatch
 from executor_svc.logits_processors import apply_processors, compute_logprobs, count_tokens
 from executor_svc.models.llama import KVCache, LlamaForCausalLM
-from executor_svc.plan_checks import check_plan
+from executor_svc.plan_apply import Admitted, admit
 from executor_svc.sampler import sample
 from executor_svc.sampler_graphs import SamplerGraphs, processor_params, sampling_params
 from executor_svc.spec_draft import DraftProposer
@@ -105,7 +104,8 @@ class ModelRunner:
     def launch(self, plan: StepPlan, arrived: float | None = None) -> StepHandle:
         """Enqueues one step on the device and returns without waiting for it.
 
-        Checks the plan (a bad one raises PlanError and changes nothing), updates rows,
+        Checks the plan (a bad one raises PlanError and changes nothing; a bad row fails
+        alone, in the result's failed_req_ids, and the rest runs), updates rows,
         prepares the inputs in host set (step parity), copies them non-blocking, runs the
         forward (graph replay or eager), samples on the device, stores the ids as the rows'
         last tokens, enqueues their copy into a pinned host buffer and records an event.
@@ -118,7 +118,11 @@ class ModelRunner:
         out = StepResult(step_id=plan.step_id)
         if arrived is not None:
             out.queued_us = int((t0 - arrived) * 1e6)
-        scheduled = self._update_states(plan)
+        admitted = self._update_states(plan)
+        plan, scheduled = admitted.plan, admitted.scheduled  # the plan less its failed rows
+        if admitted.failed:
+            out.failed_req_ids = [req_id for req_id, _ in admitted.failed]
+            out.failed_errors = [why for _, why in admitted.failed]
         if not scheduled:
             return StepHandle(out, finished=True)
         parity = self._parity
@@ -189,33 +193,11 @@ class ModelRunner:
             handle.finished = True
             return out
 
-    def _update_states(self, plan: StepPlan) -> Scheduled:
-        """Checks the plan (plan_checks.py: PlanError, nothing changed), then drops finished /
-        preempted rows, adds new requests and applies the block deltas of the cached ones
-        (columns, used as they come). Returns the scheduled rows in plan order: new requests,
-        then cached ones."""
+    def _update_states(self, plan: StepPlan) -> Admitted:
+        """Gives back rejected drafts' slots, then checks and applies the plan (plan_apply.py:
+        PlanError and nothing changed, or the rows that fail alone dropped)."""
         self._apply_rollbacks()  # of verify steps finished since the last launch
-        checked = check_plan(plan, self.batch, self._info)
-        batch, cached = self.batch, plan.cached_requests
-        for req_id in (*plan.finished_req_ids, *plan.preempted_req_ids):
-            batch.remove(req_id)
-        new_rows = [batch.add(new).row for new in plan.new_requests]
-        cached_rows, num_new_blocks = checked.cached_rows, checked.num_new_blocks  # [C] int64
-        if num_new_blocks.any():  # usually no row crosses into a new block
-            ends = np.cumsum(num_new_blocks)  # row i owns new_block_ids[ends[i] - n_i:ends[i]]
-            for i in np.flatnonzero(num_new_blocks).tolist():
-                start, end = int(ends[i] - num_new_blocks[i]), int(ends[i])
-                batch.append_blocks(batch.states[cached_rows[i]], cached.new_block_ids[start:end])
-        rows = np.concatenate([np.array(new_rows, dtype=np.int64), cached_rows])
-        counts = np.concatenate([
-            np.array([new.num_scheduled_tokens for new in plan.new_requests], dtype=np.int64),
-            np.asarray(cached.num_scheduled_tokens, dtype=np.int64)])
-        drafts, chained = checked.num_drafts, checked.chained
-        if drafts is not None:
-            drafts = np.concatenate([np.zeros(len(new_rows), dtype=np.int64), drafts])
-        if chained is not None:
-            chained = np.concatenate([np.zeros(len(new_rows), dtype=bool), chained])
-        return Scheduled(rows, counts, drafts, chained)
+        return admit(plan, self.batch, self._info)
 
     def _apply_rollbacks(self) -> None:
         self._rollbacks.apply(self.batch)

@@ -38,7 +38,8 @@ EXECUTOR_FLAGS = [("--model", "--model"), ("--served-model-name", "--model-name"
                   ("--tensor-parallel-size", "--tensor-parallel-size")]
 SCHEDULER_FLAGS = [("--ssl-keyfile", "--ssl-keyfile"), ("--ssl-certfile", "--ssl-certfile"),
                    ("--ssl-ca-certs", "--ssl-ca-certs"), ("--enable-prefix-caching", "--enable-prefix-caching"),
-                   ("--speculative-config", "--speculative-config")]
+                   ("--speculative-config", "--speculative-config"),
+                   ("--disable-log-requests", "--disable-log-requests")]
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -98,6 +99,8 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
         "\"num_speculative_tokens\": 4}' (n-gram prompt lookup) or '{\"model\": \"/path/draft\", "
         "\"num_speculative_tokens\": 4}' (a draft model sharing the target's tokenizer, also passed "
         "to the executor, which runs it); '' = off")
+    add(a, "--disable-log-requests", False, "no access-log line per request (failures are still "
+        "logged, with the error id their client got)", action="store_true")
     add(a, "--scheduler-args", "", "more scheduler flags, e.g. '--max-waiting 512' (llmserve-scheduler --help)")
     return p
 

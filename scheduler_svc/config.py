@@ -86,9 +86,9 @@ class SchedulerConfig:
     log_level: str = "INFO"
     # Seconds between the engine core's stats lines (throughput, load, KV usage); 0 = off.
     log_stats_interval: float = 10.0
-    # One INFO line per finished request (tokens, TTFT, total time, finish reason); off by
-    # default, as in vLLM (--enable-log-requests there).
-    log_requests: bool = False
+    # The access log: one line per request on both doors (api/access_log.py; docs/metrics.md,
+    # "Logs"), on by default; True (vLLM's --disable-log-requests) keeps only failures' lines.
+    disable_log_requests: bool = False
 
 
 def _env(name: str, default):
@@ -169,9 +169,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-stats-interval", type=float,
                    default=_env("LOG_STATS_INTERVAL", d.log_stats_interval),
                    help="seconds between the engine core's stats lines (only after activity); 0 = off")
-    p.add_argument("--log-requests", action=argparse.BooleanOptionalAction,
-                   default=_env("LOG_REQUESTS", d.log_requests),
-                   help="log one INFO line per finished request (default off, as vLLM's)")
+    p.add_argument("--disable-log-requests", action="store_true",  # (or the old LOG_REQUESTS=0)
+                   default=_env("DISABLE_LOG_REQUESTS",
+                                not _env("LOG_REQUESTS", not d.disable_log_requests)),
+                   help="no access-log line per request (failures are still logged, with their "
+                        "error id); default: one line per request on both APIs")
+    # Deprecated (the per-request line was off by default): --log-requests is now the default,
+    # --no-log-requests = --disable-log-requests.
+    p.add_argument("--log-requests", dest="disable_log_requests", action="store_false",
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--no-log-requests", dest="disable_log_requests", action="store_true",
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
 

@@ -9,24 +9,50 @@ from __future__ import annotations
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from step_protocol.domain import (CachedRequestData, ExecutorInfo, Logprobs, NewRequestData,
                                  PromptLogprobs, SamplerParams, StepPlan, StepResult)
+from step_protocol.plan_rows import without_rows
+
+
+# What protobuf raises for a value its field cannot hold (out of range, wrong type).
+ENCODE_ERRORS = (ValueError, TypeError, OverflowError)
 
 
 def plan_to_pb(plan: StepPlan) -> pb.StepPlan:
     c = plan.cached_requests
     return pb.StepPlan(
         step_id=plan.step_id,
-        new_requests=[
-            pb.NewRequest(
-                req_id=r.req_id, token_ids=r.token_ids, sampler_params=_sampler_to_pb(r.sampler_params),
-                block_ids=r.block_ids, num_computed_tokens=r.num_computed_tokens,
-                num_scheduled_tokens=r.num_scheduled_tokens, num_prompt_tokens=r.num_prompt_tokens)
-            for r in plan.new_requests],
+        new_requests=[_new_to_pb(r) for r in plan.new_requests],
         cached_requests=pb.CachedRequests(
             req_ids=c.req_ids, num_scheduled_tokens=c.num_scheduled_tokens,
             num_new_blocks=c.num_new_blocks, new_block_ids=c.new_block_ids),
         finished_req_ids=plan.finished_req_ids, preempted_req_ids=plan.preempted_req_ids,
         num_draft_tokens=plan.num_draft_tokens, draft_token_ids=plan.draft_token_ids,
         draft_chained=plan.draft_chained)
+
+
+def plan_to_pb_dropping(plan: StepPlan) -> tuple[pb.StepPlan, list[tuple[int, str]]]:
+    """(plan_to_pb(plan), []) — or, when that raises, the plan without the new requests that
+    do not encode, and (req_id, why) for each: one request's unencodable value fails that
+    request alone. The whole plan is tried first, so a normal step encodes once. Raises what
+    plan_to_pb raised when no new request explains it."""
+    try:
+        return plan_to_pb(plan), []
+    except ENCODE_ERRORS:
+        failed = []
+        for r in plan.new_requests:
+            try:
+                _new_to_pb(r)
+            except ENCODE_ERRORS as e:
+                failed.append((r.req_id, f"new request {r.req_id} does not encode: {type(e).__name__}: {e}"))
+        if not failed:
+            raise
+    return plan_to_pb(without_rows(plan, [req_id for req_id, _ in failed])), failed
+
+
+def _new_to_pb(r: NewRequestData) -> pb.NewRequest:
+    return pb.NewRequest(
+        req_id=r.req_id, token_ids=r.token_ids, sampler_params=_sampler_to_pb(r.sampler_params),
+        block_ids=r.block_ids, num_computed_tokens=r.num_computed_tokens,
+        num_scheduled_tokens=r.num_scheduled_tokens, num_prompt_tokens=r.num_prompt_tokens)
 
 
 def plan_from_pb(msg: pb.StepPlan) -> StepPlan:
@@ -53,7 +79,8 @@ def result_to_pb(result: StepResult) -> pb.StepResult:
         step_id=result.step_id, req_ids=result.req_ids, token_ids=result.token_ids,
         prepare_us=result.prepare_us, forward_us=result.forward_us, sample_us=result.sample_us,
         graph_size=result.graph_size, queued_us=result.queued_us, launch_us=result.launch_us,
-        device_idle_us=result.device_idle_us, error=result.error, num_tokens=result.num_tokens)
+        device_idle_us=result.device_idle_us, error=result.error, num_tokens=result.num_tokens,
+        failed_req_ids=result.failed_req_ids, failed_errors=result.failed_errors)
     if result.logprobs is not None:
         msg.logprobs.CopyFrom(_logprobs_to_pb(result.logprobs))
     p = result.prompt_logprobs
@@ -69,7 +96,8 @@ def result_from_pb(msg: pb.StepResult) -> StepResult:
         step_id=msg.step_id, req_ids=list(msg.req_ids), token_ids=list(msg.token_ids),
         prepare_us=msg.prepare_us, forward_us=msg.forward_us, sample_us=msg.sample_us,
         graph_size=msg.graph_size, queued_us=msg.queued_us, launch_us=msg.launch_us,
-        device_idle_us=msg.device_idle_us, error=msg.error, num_tokens=list(msg.num_tokens))
+        device_idle_us=msg.device_idle_us, error=msg.error, num_tokens=list(msg.num_tokens),
+        failed_req_ids=list(msg.failed_req_ids), failed_errors=list(msg.failed_errors))
     if msg.HasField("logprobs"):
         result.logprobs = _logprobs_from_pb(msg.logprobs)
     if msg.HasField("prompt_logprobs"):

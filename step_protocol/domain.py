@@ -216,10 +216,17 @@ class StepResult:
     # the step asked (rows of requests that did not ask are there but meaningless).
     logprobs: Logprobs | None = None
     prompt_logprobs: PromptLogprobs | None = None
-    error: str = ""  # non-empty when the step failed: the scheduler fails its requests
+    # Non-empty when the whole plan was refused (nothing applied) or the step failed: the
+    # scheduler fails every request of the step.
+    error: str = ""
     # Speculative decoding: how many of token_ids each req_ids entry has (accepted drafts,
     # then one sampled token); empty = one each.
     num_tokens: list[int] = field(default_factory=list)
+    # Rows that failed alone (refused or not prepared; nothing of them applied, a cached one
+    # forgotten) while the rest of the plan ran, and why, one line each: the scheduler fails
+    # exactly these requests (plan_rows.py, docs/contracts.md).
+    failed_req_ids: list[int] = field(default_factory=list)
+    failed_errors: list[str] = field(default_factory=list)
 
     def sampled(self) -> dict[int, int] | dict[int, list[int]]:
         """req_id -> sampled token id; with num_tokens, req_id -> its list of token ids."""

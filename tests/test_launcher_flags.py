@@ -186,3 +186,19 @@ def test_a_draft_model_config_goes_to_both_services():
     ngram = '{"method": "ngram", "num_speculative_tokens": 4}'
     assert "--speculative-config" not in commands(parse_args(["--speculative-config", ngram]), http_api=False)[0]
     assert "--speculative-config" not in commands(parse_args(["--speculative-config", "{bad"]), http_api=False)[0]
+
+
+def test_disable_log_requests_reaches_the_scheduler(monkeypatch):
+    """vLLM's --disable-log-requests: passed on only when given; the scheduler parses it (also
+    from its variable, and the deprecated --no-log-requests / --log-requests spellings)."""
+    _, scheduler = commands(parse_args(["--disable-log-requests"]), http_api=False)
+    assert scheduler == [*SCHEDULER, "--disable-log-requests"]
+    assert "--disable-log-requests" not in commands(parse_args([]), http_api=False)[1]
+    for name in [n for n in os.environ if n.startswith("LLMSERVE_")]:
+        monkeypatch.delenv(name)
+    assert scheduler_from_args(scheduler[3:]).disable_log_requests is True
+    assert scheduler_from_args([]).disable_log_requests is False  # the access log is on by default
+    assert scheduler_from_args(["--no-log-requests"]).disable_log_requests is True
+    assert scheduler_from_args(["--log-requests"]).disable_log_requests is False
+    monkeypatch.setenv("LLMSERVE_SCHEDULER_DISABLE_LOG_REQUESTS", "1")
+    assert scheduler_from_args([]).disable_log_requests is True

@@ -1,7 +1,9 @@
 """TensorParallelRunner: the ModelRunner of one rank. Rank 0 is the one the servicer drives:
 before each launch / reset it sends the plan to the other ranks (PlanChannel), which run the
 same launch on their shard (serve_plans), so every collective of the forward is met on every
-rank in the same order. Sampling runs once, on rank 0; its ids (the rows' last tokens, the
+rank in the same order. Rank 0 checks and applies each plan before it sends it, and sends
+the plan that runs (rows that failed alone dropped), so every rank runs the same rows.
+Sampling runs once, on rank 0; its ids (the rows' last tokens, the
 next step's decode inputs) are broadcast on the device group, with no host sync.
 
 Speculative decoding: every rank computes a verify step's draft logits (an all-gather); rank 0
@@ -21,7 +23,7 @@ import numpy as np
 from executor_svc.model_runner import ModelRunner, StepHandle
 from executor_svc.parallel.channel import LAUNCH, RESET, STOP, USE_GRAPHS, PlanChannel
 from executor_svc.parallel.state import TensorParallel
-from executor_svc.plan_checks import PlanError
+from executor_svc.plan_apply import Admitted, admit
 from executor_svc.spec_verify import verify
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from step_protocol import codec
@@ -47,16 +49,37 @@ class TensorParallelRunner(ModelRunner):
     def launch(self, plan: StepPlan, arrived: float | None = None,
                rollbacks: np.ndarray | None = None) -> StepHandle:
         """rollbacks (ranks 1..): [R, 2] (row, slots) rank 0 gave back before this plan."""
-        self._verifying = bool(plan.num_draft_tokens or plan.draft_token_ids)  # = checks' num_drafts
         if self.tp.rank != 0:
             for row, n in (rollbacks if rollbacks is not None else ()):
                 self.batch.num_computed[int(row)] -= int(n)
             return super().launch(plan, arrived)
         with self._lock:
-            applied = np.asarray(self._rollbacks.apply(self.batch), dtype=np.int64).reshape(-1, 2)
-            encoded = codec.plan_to_pb(plan).SerializeToString()
-            self.channel.send(LAUNCH, encoded + applied.tobytes(), arg=len(encoded))
             return super().launch(plan, arrived)
+
+    def _update_states(self, plan: StepPlan) -> Admitted:
+        """Rank 0 decides which rows run: it checks and applies the plan first, then sends the
+        plan that runs (its failed rows dropped, a failed cached row finished) with the
+        rollbacks it applied, before any collective. A plan it refuses goes out empty (the
+        other ranks give back the same slots, and run nothing). Ranks 1.. apply what rank 0
+        ran; a row failing on them alone would leave the ranks out of step: that ends them."""
+        if self.tp.rank != 0:
+            admitted = admit(plan, self.batch, self._info)
+            if admitted.failed:
+                raise RuntimeError(f"rank {self.tp.rank}: rows rank 0 ran failed here: {admitted.failed[:4]}")
+        else:
+            applied = np.asarray(self._rollbacks.apply(self.batch), dtype=np.int64).reshape(-1, 2)
+            try:
+                admitted = admit(plan, self.batch, self._info)
+            except BaseException:
+                self._send_plan(StepPlan(plan.step_id), applied)
+                raise
+            self._send_plan(admitted.plan, applied)
+        self._verifying = admitted.scheduled.drafts is not None  # = a verify step (_verify broadcasts)
+        return admitted
+
+    def _send_plan(self, plan: StepPlan, rollbacks: np.ndarray) -> None:
+        encoded = codec.plan_to_pb(plan).SerializeToString()
+        self.channel.send(LAUNCH, encoded + rollbacks.tobytes(), arg=len(encoded))
 
     def _apply_rollbacks(self) -> None:
         """Rank 0 applied them in launch() (and sent them); ranks 1.. have none of their own."""
@@ -116,9 +139,9 @@ class TensorParallelRunner(ModelRunner):
 
 
 def serve_plans(runner: TensorParallelRunner) -> None:
-    """Ranks 1..: runs what rank 0 sends until STOP. A plan rank 0 refuses (PlanError) is
-    refused here too, before any collective; any other error ends the rank (its collectives
-    may no longer match rank 0's), which ends the service (launch.Workers)."""
+    """Ranks 1..: runs what rank 0 sends until STOP: only plans rank 0 accepted, its failed
+    rows already dropped (a plan it refused comes empty). Any error ends the rank (its
+    collectives may no longer match rank 0's), which ends the service (launch.Workers)."""
     while True:
         op, payload, arg = runner.channel.receive()
         if op == STOP:
@@ -132,8 +155,6 @@ def serve_plans(runner: TensorParallelRunner) -> None:
                 runner.reset()
             elif op == USE_GRAPHS:
                 runner.use_graphs(bool(arg))
-        except PlanError:
-            pass
         except Exception:  # its collectives may be out of step with rank 0's now: give up
             log.exception("rank %d: command %d failed; exiting", runner.tp.rank, op)
             raise

@@ -16,13 +16,16 @@ hand-over (a second server taking the port over cancelled the calls racing its s
 3. Unexpected exceptions: grpc would answer UNKNOWN with the exception's class and text. The
    guard logs the traceback under an error id and answers INTERNAL "internal error (error id
    ...)"; no internal text reaches a client.
+
+Each guarded call has an access-log record (access_log.py) current while it runs; its line is
+written when the call ends, with the status it ended with (an internal error's id and real
+message, and the traceback of an unexpected exception, on that line at ERROR).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import uuid
 from collections.abc import Callable
 
@@ -30,9 +33,9 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
+from scheduler_svc.api import access_log
 from scheduler_svc.messages import RequestError
 
-log = logging.getLogger("llmserve.api")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LLMServe"].full_name
 
 
@@ -114,7 +117,7 @@ def _deserializer(request_cls, max_bytes: int) -> Callable[[bytes], object]:
 
 async def _internal_error(context, rpc: str) -> None:
     error_id = uuid.uuid4().hex[:12]
-    log.exception("%s failed (error id %s)", rpc, error_id)
+    access_log.internal_error(error_id, f"{rpc} raised", exc_info=True)  # with the traceback
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error (error id {error_id})")
 
 
@@ -123,33 +126,63 @@ async def abort_with(context, error: RequestError) -> None:
     executor's exception): it goes to the log under an error id, the client gets the id."""
     if error.code == "INTERNAL":
         error_id = uuid.uuid4().hex[:12]
-        log.error("request failed (error id %s): %s", error_id, error.message)
+        access_log.internal_error(error_id, error.message)
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error (error id {error_id})")
+    access_log.current().param = getattr(error, "param", None)  # the field at fault, if known
     await context.abort(getattr(grpc.StatusCode, error.code), error.message)
 
 
+def _ended(record: access_log.Record, context, error: BaseException | None) -> None:
+    """The call's status on its record (an abort's code and details are on the context), then
+    its access line."""
+    if error is None:
+        record.answered("OK", None)
+    elif isinstance(error, grpc.aio.AbortError):
+        code = context.code()
+        record.answered(code.name if code is not None else "UNKNOWN", context.details() or None,
+                        record.param)  # (abort_with's)
+    # else cancelled (the client left, or its deadline passed): the status stays unset
+    record.emit()
+
+
 def _guard(method, rpc: str):
-    """The servicer method behind the refused-input check and the exception guard."""
+    """The servicer method behind the refused-input check and the exception guard, with the
+    call's access-log record (access_log.py) current while it runs."""
+    name = rpc.rpartition("/")[2]
     if inspect.isasyncgenfunction(method):
         async def stream(request, context):
+            record, error = access_log.begin("grpc", name), None
+            try:
+                if isinstance(request, Refused):
+                    await context.abort(request.code, request.message)
+                try:
+                    async for response in method(request, context):
+                        yield response
+                except (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit):
+                    raise
+                except Exception:
+                    await _internal_error(context, rpc)
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                _ended(record, context, error)
+        return stream
+
+    async def unary(request, context):
+        record, error = access_log.begin("grpc", name), None
+        try:
             if isinstance(request, Refused):
                 await context.abort(request.code, request.message)
             try:
-                async for response in method(request, context):
-                    yield response
+                return await method(request, context)
             except (grpc.aio.AbortError, asyncio.CancelledError):
                 raise
             except Exception:
                 await _internal_error(context, rpc)
-        return stream
-
-    async def unary(request, context):
-        if isinstance(request, Refused):
-            await context.abort(request.code, request.message)
-        try:
-            return await method(request, context)
-        except (grpc.aio.AbortError, asyncio.CancelledError):
+        except BaseException as e:
+            error = e
             raise
-        except Exception:
-            await _internal_error(context, rpc)
+        finally:
+            _ended(record, context, error)
     return unary

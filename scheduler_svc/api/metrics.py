@@ -6,7 +6,7 @@ request metrics are observed here as the engine client sees each request's event
 first scheduled, each output, finish: a few additions and dictionary look-ups per output); the
 load and executor figures are read at scrape time from the engine core's snapshot
 (metrics_engine.py). render() gives the exposition text for any HTTP server; serve() starts
-prometheus_client's own server for --metrics-port.
+prometheus_client's own server for --metrics-port. The per-request log line is access_log.py's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from scheduler_svc.api.metrics_engine import EngineCollector
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import FinishReason
 
-log = logging.getLogger("llmserve.requests")
 _serve_log = logging.getLogger("llmserve.metrics")
 metrics_content_type = CONTENT_TYPE_LATEST  # the Content-Type of render()'s bytes
 P = "llmserve:"
@@ -65,9 +64,8 @@ class Metrics:
     """The API process's metrics: bind() once the executor is known, then the engine client's
     hooks (arrived, scheduled, output, ended) feed it."""
 
-    def __init__(self, log_requests: bool = False):
+    def __init__(self):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.log_requests = log_requests
         self._requests: dict[int, _Req] = {}
         self._bound = False
 
@@ -184,7 +182,3 @@ class Metrics:
             self.decode.observe(r.last - r.first)
             if r.num_gen > 1:
                 self.request_tpot.observe((r.last - r.first) / (r.num_gen - 1))
-        if self.log_requests:
-            ttft = "-" if r.first is None else f"{r.first - r.arrival:.3f} s"
-            log.info("request %d finished (%s): prompt %d tokens, generation %d tokens, TTFT %s, "
-                     "total %.3f s", req_id, reason, r.num_prompt, r.num_gen, ttft, now - r.arrival)

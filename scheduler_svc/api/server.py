@@ -9,6 +9,7 @@ import sys
 
 from grpc_health.v1 import health_pb2
 
+from scheduler_svc.api import access_log
 from scheduler_svc.api.engine_client import CoreStartError, EngineClient
 from scheduler_svc.api.handlers import SERVICE_NAME
 from scheduler_svc.api.metrics import Metrics
@@ -31,7 +32,8 @@ async def serve(config: SchedulerConfig) -> bool:
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     # TLS files are read first: a missing certificate should not wait for the executor.
     credentials = server_credentials(config.ssl_certfile, config.ssl_keyfile, config.ssl_ca_certs)
-    metrics = Metrics(log_requests=config.log_requests)  # the one registry of this process
+    metrics = Metrics()  # the one registry of this process
+    access_log.configure(enabled=not config.disable_log_requests)
     engine = EngineClient(config, metrics)
     public = await start_public_server(config, credentials)  # answers at once: "starting"
     log.info("waiting for the executor at %s", config.executor_address)

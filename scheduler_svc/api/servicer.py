@@ -15,7 +15,7 @@ import grpc
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
-from scheduler_svc.api import codec
+from scheduler_svc.api import access_log, codec
 from scheduler_svc.api.engine_client import EngineClient
 from scheduler_svc.api.handlers import abort_with
 from scheduler_svc.api.admission import Admission
@@ -42,10 +42,14 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         request_id = request.request_id or uuid.uuid4().hex
+        record = access_log.current()
+        record.request_id = request_id
         prompt_ids, params = await self._admit(request, context)
+        record.admitted(request_id, len(prompt_ids))
         num_finished = num_completion = 0
         try:
             async for out in self._engine.generate(prompt_ids, params):
+                record.add_output(len(out.new_token_ids))
                 msg = await _off_the_loop_if_large(codec.num_logprob_messages(out),
                                                    codec.response_to_pb, request_id, out)
                 if out.finish_reason is not None:
@@ -59,7 +63,10 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
 
     async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         request_id = request.request_id or uuid.uuid4().hex
+        record = access_log.current()
+        record.request_id = request_id
         prompt_ids, params = await self._admit(request, context)
+        record.admitted(request_id, len(prompt_ids))
         n = params.n
         token_ids: list[list[int]] = [[] for _ in range(n)]
         texts: list[list[str]] = [[] for _ in range(n)]
@@ -68,6 +75,7 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
         try:
             async for out in self._engine.generate(prompt_ids, params):
                 i = out.index
+                record.add_output(len(out.new_token_ids))
                 token_ids[i] += out.new_token_ids
                 texts[i].append(out.new_text)
                 if out.logprobs is not None:

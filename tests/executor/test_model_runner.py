@@ -130,13 +130,16 @@ def test_finished_request_frees_its_row(runner):
     assert len(runner.batch.free_rows) == free + 1 and not runner.batch.requests
 
 
-def test_bad_plans_raise(runner):
+def test_bad_plans_raise_and_bad_rows_fail_alone(runner):
     d = Driver(runner)
-    with pytest.raises(PlanError, match="42"):
-        d.step(cached=decode_rows([42]))
-    with pytest.raises(PlanError, match="do not fit"):  # more tokens than its one block holds
-        d.step(new=[NewRequestData(1, PROMPT_A, GREEDY, d.blocks(1), 0, len(PROMPT_A))])
-    assert not runner.batch.requests
+    with pytest.raises(PlanError, match="scheduled twice"):  # the whole plan's fault
+        d.step(cached=decode_rows([42, 42]))
+    result = runner.execute(StepPlan(1, cached_requests=decode_rows([42])))
+    assert result.failed_req_ids == [42] and "42 is not running" in result.failed_errors[0]
+    # more tokens than its one block holds: that request's fault
+    result = runner.execute(StepPlan(2, [NewRequestData(1, PROMPT_A, GREEDY, d.blocks(1), 0, len(PROMPT_A))]))
+    assert result.failed_req_ids == [1] and "do not fit" in result.failed_errors[0]
+    assert not runner.batch.requests and not result.req_ids
 
 
 def test_seeded_sampling_is_reproducible_across_runs(runner):

@@ -115,13 +115,14 @@ def _plans() -> list[pb.StepPlan]:
         if step == 5:
             plan.new_requests.append(new(3, [11, 12, 13, 14, 15, 16], greedy, 9))
         plans.append(plan)
-    plans.insert(4, pb.StepPlan(step_id=99, cached_requests=decode(42)))  # fails, stream goes on
+    plans.insert(4, pb.StepPlan(step_id=99, cached_requests=decode(1, 1)))  # refused, stream goes on
+    plans.insert(5, pb.StepPlan(step_id=98, cached_requests=decode(42)))  # its one row fails alone
     plans.append(pb.StepPlan(step_id=12, finished_req_ids=[1, 2, 3]))
     return plans
 
 
 def _key(r: pb.StepResult):
-    return r.step_id, list(r.req_ids), list(r.token_ids), r.error.split(":")[0]
+    return r.step_id, list(r.req_ids), list(r.token_ids), r.error.split(":")[0], list(r.failed_req_ids)
 
 
 async def _over_grpc(runner, plans, ahead: int) -> list[pb.StepResult]:
@@ -160,7 +161,7 @@ def test_execute_two_ahead_and_one_at_a_time_equal_sequential(runner):
         except PlanError as exc:
             expected.append(codec.result_to_pb(StepResult(step_id=msg.step_id, error=f"PlanError: {exc}")))
     runner.reset()
-    assert expected[4].error and expected[1].token_ids
+    assert expected[4].error and list(expected[5].failed_req_ids) == [42] and expected[1].token_ids
     for ahead in (2, 1, 2):
         got = asyncio.run(asyncio.wait_for(_over_grpc(runner, plans, ahead), TIMEOUT))
         assert [_key(r) for r in got] == [_key(r) for r in expected], ahead

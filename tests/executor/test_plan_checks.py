@@ -1,5 +1,7 @@
-"""Every bad field of a step plan is refused with PlanError naming it, and changes nothing:
-rows, block tables, last samples and KV stay as they were, and the next good plan gives the
+"""Every bad field of a step plan is refused by name. A fault of the whole plan raises
+PlanError and changes nothing: rows, block tables, last samples and KV stay as they were. A
+fault of one row fails that row alone (StepResult.failed_req_ids): nothing of a new row is
+applied, a cached row is forgotten, and the other rows run. The next good plan gives the
 tokens it would have given without the bad ones."""
 
 from __future__ import annotations
@@ -30,13 +32,25 @@ def plan(new_requests=(), cached: CachedRequestData | None = None, finished=(), 
     return StepPlan(0, list(new_requests), cached or CachedRequestData(), list(finished), list(preempted))
 
 
-# (bad plan, what the error must name). Several also finish request 2 or add a good request 3
-# around the bad field: without the checks up front, those parts would be applied half-way.
-BAD_PLANS = {
+# Faults of the whole plan: (bad plan, what the error must name). Refused with PlanError,
+# nothing applied.
+PLAN_ERRORS = {
+    "cached id twice": (plan(cached=decode_rows([1, 1])), "request 1 is scheduled twice"),
+    "new and cached": (plan([new(req_id=1, blocks=(9,))], decode_rows([1])), "request 1 is scheduled twice"),
+    "new id running": (plan([new(req_id=1, blocks=(9,))]), "new request 1 is already running"),
+    "cached and finished": (plan(cached=decode_rows([1]), finished=[1]), "cached request 1 is also finished"),
+    "too many tokens": (plan([new(tokens=[5] * 300, blocks=range(9, 29))]), "300 scheduled tokens > max_num_batched_tokens 256"),
+    "too many rows": (plan([new(req_id=10 + i, blocks=(20 + i,)) for i in range(9)]), "9 scheduled requests > max_num_seqs 8"),
+    "too many running": (plan([new(req_id=10 + i, blocks=(20 + i,)) for i in range(7)]), "9 running requests"),
+    "ragged columns": (plan(cached=CachedRequestData([1], [1, 1], [0], [])), "cached_requests: 1 req_ids, 2"),
+    "blocks do not add up": (plan(cached=CachedRequestData([1], [1], [1], [])), "num_new_blocks add up to 1"),
+}
+# Faults of new request 3 alone: (bad plan, what its error must name). The rest of the plan
+# runs (here: nothing else), and nothing of request 3 is applied.
+NEW_ROW_ERRORS = {
     "null block": (plan([new(blocks=(0, 9))]), "block id 0 is outside 1 to 127"),
-    "block past the cache": (plan([new(blocks=(9, 128))], finished=[2]), "block id 128"),
+    "block past the cache": (plan([new(blocks=(9, 128))]), "block id 128"),
     "negative block": (plan([new(blocks=(-1,))]), "block id -1"),
-    "cached new block": (plan([new()], cached_rows((1, 1, [500]))), "cached request 1: block id 500"),
     "temperature nan": (plan([new(params=SamplerParams(temperature=math.nan))]), "temperature nan"),
     "temperature inf": (plan([new(params=SamplerParams(temperature=math.inf))]), "temperature inf"),
     "temperature < 0": (plan([new(params=SamplerParams(temperature=-1.0))]), "temperature -1.0"),
@@ -59,28 +73,28 @@ BAD_PLANS = {
     "prompt_logprobs < -1": (plan([new(params=SamplerParams(prompt_logprobs=-2))]), "prompt_logprobs -2"),
     "prompt longer than tokens": (plan([NewRequestData(3, PROMPT_B, GREEDY, [9, 10], 0, 10, num_prompt_tokens=11)]),
                                   "num_prompt_tokens 11"),
-    "unknown cached id": (plan(cached=decode_rows([1, 42]), finished=[2]), "cached request 42 is not running"),
-    "cached id twice": (plan(cached=decode_rows([1, 1])), "request 1 is scheduled twice"),
-    "new and cached": (plan([new(req_id=1, blocks=(9,))], decode_rows([1])), "request 1 is scheduled twice"),
-    "new id running": (plan([new(req_id=1, blocks=(9,))]), "new request 1 is already running"),
-    "cached and finished": (plan(cached=decode_rows([1]), finished=[1]), "cached request 1 is also finished"),
     "token past vocab": (plan([new(tokens=[5, 512, 6])]), "token id 512 is outside the vocabulary"),
     "negative token": (plan([new(tokens=[-5, 6])]), "token id -5"),
     "no tokens": (plan([new(tokens=[], n=1)]), "0 token_ids"),
     "prompt past max_model_len": (plan([new(tokens=[5] * 513, n=16, blocks=range(9, 41))]), "513 token_ids"),
     "new 0 tokens": (plan([new(n=0)]), "new request 3: num_scheduled_tokens is 0"),
-    "cached 0 tokens": (plan(cached=cached_rows((1, 0))), "cached request 1: num_scheduled_tokens is 0"),
     "new past its tokens": (plan([new(n=11)]), "go past its 10 token_ids"),
     "new computed past tokens": (plan([new(computed=10, n=1)]), "go past its 10 token_ids"),
-    "cached chunk past known": (plan(cached=cached_rows((2, 5))), "cached request 2: num_scheduled_tokens 5"),
-    "decode of 2 tokens": (plan(cached=cached_rows((1, 2))), "cached request 1: num_scheduled_tokens 2"),
     "tokens past blocks": (plan([new(tokens=PROMPT_A, blocks=(9,))]), "37 tokens do not fit in its 1 blocks"),
     "too many blocks": (plan([new(blocks=range(9, 42))]), "33 block_ids > 32 per request"),
-    "too many tokens": (plan([new(tokens=[5] * 300, blocks=range(9, 29))]), "300 scheduled tokens > max_num_batched_tokens 256"),
-    "too many rows": (plan([new(req_id=10 + i, blocks=(20 + i,)) for i in range(9)]), "9 scheduled requests > max_num_seqs 8"),
-    "too many running": (plan([new(req_id=10 + i, blocks=(20 + i,)) for i in range(7)]), "9 running requests"),
-    "ragged columns": (plan(cached=CachedRequestData([1], [1, 1], [0], [])), "cached_requests: 1 req_ids, 2"),
-    "blocks do not add up": (plan(cached=CachedRequestData([1], [1], [1], [])), "num_new_blocks add up to 1"),
+}
+# Faults of one cached row: (bad plan, the failed request, what its error must name, the
+# requests that still sample and the index of their token in their greedy continuation).
+# The failed row is forgotten; the others run as without it.
+CACHED_ROW_ERRORS = {
+    "cached new block": (plan([new()], cached_rows((1, 1, [500]))), 1, "cached request 1: block id 500", {3: 0}),
+    "unknown cached id": (plan(cached=decode_rows([1, 42]), finished=[2]), 42, "cached request 42 is not running",
+                          {1: 3}),
+    "cached 0 tokens": (plan(cached=cached_rows((1, 0), (2, 4))), 1, "cached request 1: num_scheduled_tokens is 0",
+                        {2: 0}),
+    "cached chunk past known": (plan(cached=cached_rows((1, 1), (2, 5))), 2, "cached request 2: num_scheduled_tokens 5",
+                                {1: 3}),
+    "decode of 2 tokens": (plan(cached=cached_rows((1, 2))), 1, "cached request 1: num_scheduled_tokens 2", {}),
 }
 
 
@@ -108,16 +122,26 @@ def _assert_same(before: dict, after: dict) -> None:
     assert all(torch.equal(a, b) for a, b in zip(after["kv"], before["kv"]))
 
 
-def test_each_bad_field_is_refused_by_name_and_changes_nothing(runner, hf_models):
+def _start(runner) -> list[int]:
+    """Request 1 prefilled and decoding (3 tokens so far), request 2 prefilled 6 of 10."""
     runner.reset()
     first = runner.execute(plan([new(1, PROMPT_A, blocks=(1, 2, 3, 4)), new(2, PROMPT_B, blocks=(5, 6, 7, 8), n=6)]))
     tokens_a = [first.sampled()[1]]
-    tokens_a += [runner.execute(plan(cached=decode_rows([1]))).sampled()[1] for _ in range(2)]
+    return tokens_a + [runner.execute(plan(cached=decode_rows([1]))).sampled()[1] for _ in range(2)]
+
+
+def test_each_bad_field_is_refused_by_name_and_changes_nothing(runner, hf_models):
+    tokens_a = _start(runner)
     before = _state(runner)
-    for name, (bad, message) in BAD_PLANS.items():
+    for name, (bad, message) in PLAN_ERRORS.items():
         with pytest.raises(PlanError) as raised:
             runner.execute(bad)
         assert message in str(raised.value), (name, str(raised.value))
+        _assert_same(before, _state(runner))
+    for name, (bad, message) in NEW_ROW_ERRORS.items():  # the row alone fails: nothing of it applied
+        result = runner.execute(bad)
+        assert result.failed_req_ids == [3] and message in result.failed_errors[0], (name, result.failed_errors)
+        assert not result.req_ids and not result.error
         _assert_same(before, _state(runner))
     # the next good plans run as if the bad ones had never come; unknown finished ids are ignored
     out = runner.execute(plan(cached=cached_rows((1, 1), (2, 4)), finished=[999]))
@@ -129,6 +153,19 @@ def test_each_bad_field_is_refused_by_name_and_changes_nothing(runner, hf_models
         tokens_b.append(out.sampled()[2])
     assert tokens_a == hf_greedy(hf_models["tiny-llama"], PROMPT_A, 6)
     assert tokens_b == hf_greedy(hf_models["tiny-llama"], PROMPT_B, 3)
+
+
+def test_a_bad_cached_row_fails_alone_and_is_forgotten(runner, hf_models):
+    ref = {1: hf_greedy(hf_models["tiny-llama"], PROMPT_A, 4), 2: hf_greedy(hf_models["tiny-llama"], PROMPT_B, 1)}
+    ref[3] = ref[2]  # request 3 is PROMPT_B too
+    for name, (bad, failed, message, sampled) in CACHED_ROW_ERRORS.items():
+        _start(runner)
+        result = runner.execute(bad)
+        assert result.failed_req_ids == [failed] and message in result.failed_errors[0], (name, result.failed_errors)
+        assert result.sampled() == {r: ref[r][i] for r, i in sampled.items()}, name
+        assert failed not in runner.batch.requests, name
+        # what ran is all that changed: the failed row's slot is free for the next request
+        assert len(runner.batch.free_rows) == 8 - len(runner.batch.requests), name
 
 
 def test_a_request_preempted_and_sent_again_in_one_plan_is_accepted(runner):

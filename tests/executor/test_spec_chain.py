@@ -75,8 +75,10 @@ def test_a_chained_row_after_a_rejection_is_void_and_changes_nothing(runner):
 
 def test_chained_rows_are_checked(runner):
     start(runner)
-    with pytest.raises(PlanError, match="chained verify row without drafts"):
-        runner.launch(StepPlan(1, cached_requests=cached_rows((1, 1)), draft_chained=[True]))
-    with pytest.raises(PlanError, match="draft_chained has 2 entries for 1 cached rows"):
+    with pytest.raises(PlanError, match="draft_chained has 2 entries for 1 cached rows"):  # the columns
         runner.launch(StepPlan(1, cached_requests=cached_rows((1, 2)), num_draft_tokens=[1],
                                draft_token_ids=[5], draft_chained=[True, False]))
+    # one row's fault: that row fails alone and is forgotten
+    result = runner.execute(StepPlan(1, cached_requests=cached_rows((1, 1)), draft_chained=[True]))
+    assert result.failed_req_ids == [1] and "chained verify row without drafts" in result.failed_errors[0]
+    assert 1 not in runner.batch.requests

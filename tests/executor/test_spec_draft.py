@@ -39,8 +39,10 @@ def test_plan_checks_follow_who_proposes(model_dirs):
                                    draft_token_ids=[5, 6]))
     with pytest.raises(PlanError, match="do not match 0 draft_token_ids"):
         plain.launch(StepPlan(1, cached_requests=cached_rows((1, 3)), num_draft_tokens=[2]))
-    with pytest.raises(PlanError, match="need a decode row of 3 tokens"):
-        with_draft.launch(StepPlan(1, cached_requests=cached_rows((1, 2)), num_draft_tokens=[2]))
+    result = with_draft.execute(StepPlan(1, cached_requests=cached_rows((1, 2)), num_draft_tokens=[2]))
+    assert result.failed_req_ids == [1] and "need a decode row of 3 tokens" in result.failed_errors[0]
+    assert not with_draft.batch.requests  # a row's fault: it alone fails and is forgotten
+    with_draft.execute(StepPlan(0, new_requests=[NewRequestData(1, [5, 6, 7, 8], SamplerParams(), [1], 0, 4)]))
     # the same verify row, its drafts from the draft model (the target itself: all accepted)
     result = with_draft.execute(StepPlan(1, cached_requests=cached_rows((1, 3)), num_draft_tokens=[2]))
     reference = plain.execute(StepPlan(1, cached_requests=cached_rows((1, 1))))

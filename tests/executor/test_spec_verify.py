@@ -87,20 +87,29 @@ def test_verify_rows_are_checked(model_dirs):
     runner = make_runner(model_dirs["tiny-llama"], num_kv_blocks=32, block_size=16)
     new = NewRequestData(1, [5, 6, 7, 8], SamplerParams(), [1], 0, 4)
     runner.execute(StepPlan(0, new_requests=[new]))
-    bad_plans = [
-        StepPlan(1, cached_requests=cached_rows((1, 3)), num_draft_tokens=[1], draft_token_ids=[5]),  # 1 + 1 != 3
-        StepPlan(1, cached_requests=cached_rows((1, 2)), num_draft_tokens=[1], draft_token_ids=[10 ** 6]),
+    bad_plans = [  # draft columns that do not fit the rows: the whole plan is refused
         StepPlan(1, cached_requests=cached_rows((1, 2)), num_draft_tokens=[2], draft_token_ids=[5]),
         StepPlan(1, cached_requests=cached_rows((1, 2)), num_draft_tokens=[1, 0], draft_token_ids=[5]),
     ]
     for plan in bad_plans:
         with pytest.raises(PlanError):
             runner.launch(plan)
+    bad_rows = [  # one row's drafts: that row fails alone and is forgotten
+        (StepPlan(1, cached_requests=cached_rows((1, 3)), num_draft_tokens=[1], draft_token_ids=[5]),
+         "1 drafts need a decode row of 2 tokens"),  # 1 + 1 != 3
+        (StepPlan(1, cached_requests=cached_rows((1, 2)), num_draft_tokens=[1], draft_token_ids=[10 ** 6]),
+         "draft token id 1000000 is outside the vocabulary"),
+    ]
+    for plan, message in bad_rows:
+        result = runner.execute(plan)
+        assert result.failed_req_ids == [1] and message in result.failed_errors[0]
+        assert 1 not in runner.batch.requests
+        runner.execute(StepPlan(0, new_requests=[new]))  # sent again, as after a preemption
     lp = NewRequestData(2, [5, 6, 7], SamplerParams(logprobs=2), [2], 0, 3)
     runner.execute(StepPlan(1, new_requests=[lp]))
-    with pytest.raises(PlanError, match="logprobs"):
-        runner.launch(StepPlan(2, cached_requests=cached_rows((2, 2)), num_draft_tokens=[1],
-                               draft_token_ids=[5]))
+    result = runner.execute(StepPlan(2, cached_requests=cached_rows((2, 2)), num_draft_tokens=[1],
+                                     draft_token_ids=[5]))
+    assert result.failed_req_ids == [2] and "logprobs" in result.failed_errors[0]
     # a good verify row: 1 + 2 tokens, answered with 1 to 3 tokens, the greedy continuation's
     result = runner.execute(StepPlan(2, cached_requests=cached_rows((1, 3)), num_draft_tokens=[2],
                                      draft_token_ids=[5, 6]))

@@ -51,16 +51,17 @@ def test_shapes_that_do_not_split_are_refused():
 
 def test_runner_on_two_ranks_answers_as_one(model_dirs):
     """TensorParallelRunner: rank 0 sends each plan, samples once and broadcasts the ids;
-    greedy, seeded sampling with penalties, logprobs, prompt logprobs, a refused plan and a
-    reset give rank 0 the results of one rank."""
+    greedy, seeded sampling with penalties, logprobs, prompt logprobs, a refused plan, rows
+    that fail alone and a reset give rank 0 the results of one rank."""
     path = model_dirs["tiny-qwen2"]
     ref_blocks, ref = single(runner_scenario, path)
     (blocks, got), worker_blocks = run_ranks(2, runner_scenario, path)
     assert blocks == worker_blocks == ref_blocks == 64
     assert len(got) == len(ref) and got[8][0] == "refused"
+    assert got[9][2] == [9, 5] and got[10][2] == [3] and got[11][0] == [1]  # rows that failed alone
     for g, r in zip(got, ref):
-        assert g[:2] == r[:2]  # request ids and token ids exact
-        for a, b in zip(g[2:], r[2:]):
+        assert g[:3] == r[:3]  # request ids, token ids and failed rows exact
+        for a, b in zip(g[3:], r[3:]):
             if isinstance(a, tuple):
                 np.testing.assert_allclose(a[0], b[0], atol=1e-4)
                 assert a[1] == b[1]

@@ -99,8 +99,9 @@ def single(fn, *args):
 
 def runner_scenario(tp: TensorParallel, path):
     """Rank 0 drives a ModelRunner (TensorParallelRunner with tp) through prefills, a chunked
-    prefill, decodes with greedy / seeded / penalised sampling and logprobs, a refused plan and
-    a reset; returns every step's (req_ids, token_ids, logprobs, prompt logprobs, error).
+    prefill, decodes with greedy / seeded / penalised sampling and logprobs, a refused plan, rows
+    that fail alone (new and cached) and a reset; returns every step's (req_ids, token_ids,
+    failed_req_ids, logprobs, prompt logprobs), or ("refused", error).
     The other ranks serve what rank 0 sends and return None."""
     from executor_svc.parallel.runner import serve_plans
     from executor_svc.plan_checks import PlanError
@@ -135,7 +136,7 @@ def runner_scenario(tp: TensorParallel, path):
             out.append(("refused", str(e)))
             return
         lp = r.logprobs
-        out.append((r.req_ids, r.token_ids, lp and (lp.logprobs, lp.top_token_ids),
+        out.append((r.req_ids, r.token_ids, r.failed_req_ids, lp and (lp.logprobs, lp.top_token_ids),
                     r.prompt_logprobs and r.prompt_logprobs.values.logprobs))
 
     run(new=[NewRequestData(1, prompts[0], SamplerParams(), [1, 2, 3, 4], 0, 37),
@@ -144,8 +145,11 @@ def runner_scenario(tp: TensorParallel, path):
     run(cached=_rows((1, 1), (2, 1), (3, 14)))
     for _ in range(6):
         run(cached=_rows((1, 1), (2, 1), (3, 1)))
-    run(cached=_rows((9, 1)))  # unknown request: refused, nothing changes
-    run(cached=_rows((1, 1), (3, 1)), finished=[2])
+    run(cached=_rows((1, 1), (1, 1)))  # a request twice: the plan is refused, nothing changes
+    bad = NewRequestData(5, prompts[1], SamplerParams(temperature=float("inf")), [13], 0, 10)
+    run(new=[bad], cached=_rows((9, 1), (1, 1), (2, 1), (3, 1)))  # 5 (its temperature), 9 (unknown) fail alone
+    run(cached=_rows((1, 1), (3, 2)), finished=[2])  # two tokens of 3: 3 fails alone, forgotten on every rank
+    run(cached=_rows((1, 1)))
     runner.reset()
     run(new=[NewRequestData(4, prompts[1], sampled, [1, 2], 0, 10)])
     run(cached=_rows((4, 1)))

@@ -1,6 +1,7 @@
 """The vLLM-named metrics through both services: scraped from --metrics-port while and after a
 known set of requests runs, the counters checked exactly against what was sent and streamed;
-and the logs operators expect (a stats line, one line per request, one format in all processes)."""
+and the logs operators expect (a stats line, one access line per request, one format in all
+processes)."""
 
 import concurrent.futures as cf
 import re
@@ -13,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.cluster import free_port, generate
 from protos.llmserve.v1 import llmserve_pb2 as pb
+from scheduler_svc.api.access_log import parse_line
 from tests.integration.conftest import start_cluster
 
 PROMPTS = [[(5 * i + 3 * j) % 300 + 3 for j in range(n)] for i, n in enumerate([4, 9, 17, 30, 12, 6])]
@@ -36,7 +38,7 @@ def _total(samples: dict, name: str) -> float:
 def test_metrics_match_the_requests_sent_and_logs_are_written(model_dirs, tmp_path_factory):
     port = free_port()
     cluster = start_cluster(tmp_path_factory, model_dirs["llama"], "metrics", (),
-                            ["--metrics-port", str(port), "--log-stats-interval", "0.5", "--log-requests"])
+                            ["--metrics-port", str(port), "--log-stats-interval", "0.5"])
     try:
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
             futures = [pool.submit(generate, cluster.stub, prompt_ids=p, max_tokens=m, temperature=0.0,
@@ -86,8 +88,16 @@ def test_metrics_match_the_requests_sent_and_logs_are_written(model_dirs, tmp_pa
         executor_log, scheduler_log = (Path(f.name).read_text() for f in cluster._logs)
     finally:
         cluster.stop()
-    assert len(re.findall(r"request \d+ finished \(length\): prompt \d+ tokens, generation \d+ "
-                          r"tokens, TTFT [0-9.]+ s, total [0-9.]+ s", scheduler_log)) == n
+    access = [parse_line(m) for m in re.findall(r"INFO llmserve\.access: (.*)", scheduler_log)]
+    generates = [f for f in access if f["method"] == "Generate"]  # (GetServerStatus has lines too)
+    assert len(generates) == n + 1
+    finished = sorted((int(f["prompt_tokens"]), int(f["output_tokens"])) for f in generates
+                      if f["status"] == "OK")
+    assert finished == sorted(zip(map(len, PROMPTS), MAX_TOKENS))  # each request's own counts
+    cancelled = [f for f in generates if f["status"] == "CANCELLED"]
+    assert len(cancelled) == 1 and cancelled[0]["outcome"] == "cancelled"
+    assert int(cancelled[0]["prompt_tokens"]) == 3 and int(cancelled[0]["output_tokens"]) >= 1
+    assert all(float(f["duration_ms"]) >= float(f["ttft_ms"]) > 0 for f in generates)
     assert re.search(r"engine-core\[\d+\] INFO llmserve.engine_core: Avg prompt throughput: [0-9.]+ "
                      r"tokens/s, Avg generation throughput: [0-9.]+ tokens/s, Running: \d+ reqs, "
                      r"Waiting: \d+ reqs, KV cache usage: [0-9.]+%, Prefix cache hit rate: [0-9.]+%",

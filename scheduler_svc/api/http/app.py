@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
+from scheduler_svc.api import access_log
 from scheduler_svc.api.http import errors, generate, metrics_route
 from scheduler_svc.api.http.context import HttpContext, parse
 from scheduler_svc.api.http.schemas import DetokenizeRequest, TokenizeRequest
@@ -71,7 +72,7 @@ class Guard:
         await self.app(scope, replay, send)
 
 
-def build_app(ctx: HttpContext, max_body_bytes: int) -> Guard:
+def build_app(ctx: HttpContext, max_body_bytes: int) -> access_log.HttpAccessLog:
     app = FastAPI(title="llmserve OpenAI-compatible API", docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.ctx = ctx
@@ -136,5 +137,6 @@ def build_app(ctx: HttpContext, max_body_bytes: int) -> Guard:
         return {"prompt": await ctx.admission.pool.decode(token_ids, body.skip_special_tokens)}
 
     generate.add_routes(app, ctx)
-    return Guard(app, max_body_bytes, ctx.api_key)
+    # the access log outermost: the guard's refusals (401, 413) get their line too
+    return access_log.HttpAccessLog(Guard(app, max_body_bytes, ctx.api_key))
 

@@ -11,6 +11,7 @@ import uuid
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
+from scheduler_svc.api import access_log
 from scheduler_svc.api.admission import is_overload
 from scheduler_svc.messages import RequestError
 
@@ -58,7 +59,7 @@ def request_error_body(e: RequestError) -> tuple[int, dict]:
     status = status_of(e)
     if status == 500:  # its text is internal (e.g. the executor's exception)
         error_id = uuid.uuid4().hex[:12]
-        log.error("request failed (error id %s): %s", error_id, e.message)
+        access_log.internal_error(error_id, e.message)  # on the request's access line
         return status, error_body(status, f"internal error (error id {error_id})")
     m = _FIELD.match(e.message)
     param = m.group(1) if m and m.group(1) in _FIELDS else None
@@ -85,7 +86,7 @@ def from_validation_error(e: ValidationError) -> JSONResponse:
 
 def internal_error_response() -> JSONResponse:
     error_id = uuid.uuid4().hex[:12]
-    log.exception("HTTP request failed (error id %s)", error_id)
+    access_log.internal_error(error_id, "the route raised", exc_info=True)  # with the traceback
     return error_response(500, f"internal error (error id {error_id})")
 
 

@@ -14,6 +14,7 @@ from contextlib import aclosing
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from scheduler_svc.api import access_log
 from scheduler_svc.api.http import errors
 from scheduler_svc.api.http.context import HttpContext, parse
 from scheduler_svc.api.http.schemas import ChatCompletionRequest, CompletionRequest
@@ -36,11 +37,15 @@ def add_routes(app: FastAPI, ctx: HttpContext) -> None:
 
 
 async def _generate(ctx: HttpContext, request: Request, body, chat: bool) -> Response:
+    record = access_log.current()  # the request's access-log line (access_log.HttpAccessLog)
+    record.request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     ctx.check_model(body.model)
     prompt, raw = body.to_prompt(), body.to_raw()
     prompt_ids, params = await ctx.admission.admit(prompt, raw, "")
-    job = _Job(ctx, body, chat, prompt_ids, params)
+    record.admitted(record.request_id, len(prompt_ids))
+    job = _Job(ctx, body, chat, prompt_ids, params, record)
     if body.stream:
+        record.unfinished = True  # until the engine's iterator ends: else the client left
         return StreamingResponse(job.events(), media_type="text/event-stream",
                                  headers={"cache-control": "no-cache"})
     task = asyncio.create_task(job.collect())
@@ -60,10 +65,11 @@ async def _generate(ctx: HttpContext, request: Request, body, chat: bool) -> Res
 class _Job:
     """One admitted request and its responses in OpenAI's shapes."""
 
-    def __init__(self, ctx: HttpContext, body, chat: bool, prompt_ids: list[int], params):
+    def __init__(self, ctx: HttpContext, body, chat: bool, prompt_ids: list[int], params,
+                 record: access_log.Record):
         self.ctx, self.body, self.chat = ctx, body, chat
         self.prompt_ids, self.params, self.n = prompt_ids, params, params.n
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.record, self.id = record, record.request_id
         self.created = int(time.time())
         self.offsets = [0] * self.n  # completions' text_offset, per choice
 
@@ -126,6 +132,7 @@ class _Job:
         async with aclosing(self.ctx.engine.generate(self.prompt_ids, self.params)) as outs:
             async for out in outs:
                 i = out.index
+                self.record.add_output(len(out.new_token_ids))
                 ids[i] += out.new_token_ids
                 texts[i].append(out.new_text)
                 if out.logprobs is not None:
@@ -149,7 +156,7 @@ class _Job:
         """Server-sent events: a chunk per engine output, the usage chunk when asked, [DONE].
         Cancelled when the client goes: leaving the iterator aborts the request."""
         include_usage = self.body.include_usage
-        num_completion = 0
+        num_completion, record = 0, self.record
         try:
             async with aclosing(self.ctx.engine.generate(self.prompt_ids, self.params)) as outs:
                 if self.chat:  # the role comes first, as OpenAI sends it
@@ -158,13 +165,18 @@ class _Job:
                                             "logprobs": None, "finish_reason": None}],
                                           include_usage)
                 async for out in outs:
+                    record.add_output(len(out.new_token_ids))
                     choice = self._choice(out.index, out.new_text, out.new_token_ids, out.logprobs,
                                           out.finish_reason, out.matched_stop, delta=True)
                     if out.finish_reason is not None:
                         num_completion += out.num_output_tokens
                     yield self._event([choice], include_usage)
+            record.unfinished = False
             if include_usage:
                 yield self._event([], True, self._usage(num_completion))
         except RequestError as e:
-            yield errors.sse_error(e)
+            status, error = errors.request_error_body(e)  # an internal one notes its error id
+            record.unfinished = False
+            record.answered(status, error["error"]["message"], error["error"]["param"])
+            yield f"data: {json.dumps(error)}\n\n"
         yield "data: [DONE]\n\n"
