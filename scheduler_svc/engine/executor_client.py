@@ -51,6 +51,8 @@ class ExecutorClient:
         self._writer: asyncio.Task | None = None  # writes the queued plans, in order
         self._plans: asyncio.Queue | None = None
         self._write_error: ExecutorUnavailable | None = None
+        # step id -> (req_id, why) of the new requests send() left out: they did not encode
+        self._unsent: dict[int, list[tuple[int, str]]] = {}
 
     async def connect(self, timeout: float) -> ExecutorInfo:
         """Waits for the executor, handshakes, drops any state it held, opens the stream."""
@@ -67,14 +69,21 @@ class ExecutorClient:
         self._stream = stub.Execute(metadata=self._metadata)
         # bounded: the step loop keeps at most --pipeline-depth (<= 8) plans unanswered
         self._plans, self._write_error = asyncio.Queue(maxsize=MAX_UNSENT_PLANS), None
+        self._unsent = {}  # a fresh stream: no result of an older plan will come
         self._writer = asyncio.create_task(self._write_plans(self._stream, self._plans))
         return codec.info_from_pb(info)
 
     async def send(self, plan: StepPlan) -> None:
-        """Queues the plan for the writer task (the step loop does not wait for the write)."""
+        """Queues the plan for the writer task (the step loop does not wait for the write).
+        A new request whose values do not encode (codec.plan_to_pb_dropping) fails alone: the
+        plan goes without it, and its step's result reports it in failed_req_ids, as the
+        executor reports a row it refused."""
         if self._write_error is not None:
             raise self._write_error
-        self._plans.put_nowait(codec.plan_to_pb(plan))
+        message, failed = codec.plan_to_pb_dropping(plan)
+        if failed:
+            self._unsent[plan.step_id] = failed
+        self._plans.put_nowait(message)
 
     async def _write_plans(self, stream, plans: asyncio.Queue) -> None:
         while True:
@@ -97,7 +106,12 @@ class ExecutorClient:
             raise ExecutorUnavailable(f"step stream broke: {e.details()}") from e
         if result is grpc.aio.EOF:
             raise ExecutorUnavailable("the executor closed the step stream")
-        return codec.result_from_pb(result)
+        out = codec.result_from_pb(result)
+        unsent = self._unsent.pop(out.step_id, None) if self._unsent else None  # (no work normally)
+        if unsent:
+            out.failed_req_ids += [req_id for req_id, _ in unsent]
+            out.failed_errors += [why for _, why in unsent]
+        return out
 
     async def ping(self, timeout: float) -> None:
         """Raises ExecutorUnavailable unless the executor answers a handshake within timeout."""

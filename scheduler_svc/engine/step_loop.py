@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -94,7 +95,8 @@ class StepLoop:
         if self.on_result is not None:
             self.on_result(result)
         if not result.error:
-            self.on_outputs(self.scheduler.update_from_output(plan, result.sampled(), result), [])
+            errors = self._fail_rows(result) if result.failed_req_ids else []
+            self.on_outputs(self.scheduler.update_from_output(plan, result.sampled(), result), errors)
             return
         log.error("step %d failed on the executor: %s", plan.step_id, result.error)
         error = RequestError("INTERNAL", f"the executor failed the step: {result.error}")
@@ -102,3 +104,24 @@ class StepLoop:
             self.scheduler.abort_request(req_id)  # before the update: their tokens are not coming
         self.scheduler.update_from_output(plan, {})
         self.on_outputs([], [(req_id, error) for req_id in plan.scheduled_req_ids])
+
+    def _fail_rows(self, result: StepResult) -> list[tuple[int, RequestError]]:
+        """Fails the rows the executor (or the transport) could not run, each alone: aborted
+        before the update (their tokens are not coming; their KV is never shared: an aborted
+        request caches no blocks), their blocks freed once no step in flight holds them. The
+        executor's text goes to the log under an error id; the request's error carries the
+        id only. A row of a request already finished (e.g. reported again by a step planned
+        before the first report arrived) is ignored."""
+        errors = []
+        whys = result.failed_errors + [""] * (len(result.failed_req_ids) - len(result.failed_errors))
+        for req_id, why in zip(result.failed_req_ids, whys):
+            request = self.scheduler.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue
+            error_id = uuid.uuid4().hex[:12]
+            log.error("step %d: the executor failed request %d alone (error id %s): %s",
+                      result.step_id, req_id, error_id, why)
+            self.scheduler.abort_request(req_id)
+            errors.append((req_id, RequestError("INTERNAL", f"internal error (error id {error_id})")))
+        return errors
+

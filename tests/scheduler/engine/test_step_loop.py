@@ -1,15 +1,18 @@
-"""The engine's one step loop over a scripted transport: overlap depth, failed steps, and a
-result that answers the wrong plan."""
+"""The engine's one step loop over a scripted transport: overlap depth, failed steps, rows
+that fail alone, and a result that answers the wrong plan."""
 
 import asyncio
 from collections import deque
+from dataclasses import replace
 
 import pytest
 
 from scheduler_svc.core.scheduler import StepResultError
 from scheduler_svc.engine.step_loop import StepLoop
 from step_protocol.domain import StepPlan, StepResult
-from tests.scheduler.sched_driver import make_scheduler, req
+from step_protocol.plan_rows import without_rows
+from tests.scheduler.sched_driver import (FakeExecutor, FakeTransport, collect, make_scheduler,
+                                          reference_tokens, req)
 
 
 class Scripted:
@@ -78,3 +81,50 @@ def test_a_result_for_another_step_is_a_protocol_error():
                     on_outputs=lambda o, e: None)
     with pytest.raises(StepResultError, match="expected 0"):
         _run(loop)
+
+
+class RefusingExecutor(FakeExecutor):
+    """A FakeExecutor that refuses every row of the requests in `bad`, as the real one does:
+    it never holds them, runs the rest of each plan and reports them in failed_req_ids."""
+
+    def __init__(self, block_size: int, bad: set[int]):
+        super().__init__(block_size)
+        self.bad = bad
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        failed = [r for r in plan.scheduled_req_ids if r in self.bad]
+        kept = replace(without_rows(plan, failed),  # and no finish of a row it never held
+                       finished_req_ids=[r for r in plan.finished_req_ids if r not in self.bad])
+        result = super().execute(kept)
+        result.failed_req_ids, result.failed_errors = failed, [f"new request {r}: temperature inf" for r in failed]
+        return result
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_failed_rows_fail_only_those_requests_and_free_their_blocks(depth, caplog):
+    prompts = {0: [1, 2, 3], 1: [4, 5, 6, 7, 8], 2: [9, 10]}
+    scheduler, streams, errors = make_scheduler(), {}, []
+    for req_id, prompt in prompts.items():
+        scheduler.add_request(req(req_id, prompt, max_tokens=6, ignore_eos=True))
+    loop = StepLoop(scheduler, FakeTransport(RefusingExecutor(4, {1})), depth,
+                    on_outputs=lambda o, e: (collect(streams, o), errors.extend(e)))
+    asyncio.run(loop.step())  # step 0 goes out: every request admitted
+    blocks = {r: len(scheduler.requests[r].block_ids) for r in prompts}
+    assert blocks == {0: 1, 1: 2, 2: 1}
+    while not errors:
+        asyncio.run(loop.step())
+    # request 1 failed alone, INTERNAL with an error id; the executor's text is in the log only
+    (req_id, error), = errors
+    assert req_id == 1 and error.code == "INTERNAL" and error.message.startswith("internal error (error id ")
+    error_id = error.message.split()[-1].rstrip(")")
+    assert "temperature inf" not in error.message
+    assert any(error_id in r.getMessage() and "temperature inf" in r.getMessage() for r in caplog.records)
+    # its 2 blocks come back once no step in flight holds it (with depth 2, step 1 has it too)
+    held = blocks[0] + blocks[2] + (blocks[1] if depth == 2 else 0)
+    assert scheduler.num_free_blocks == scheduler.num_total_blocks - held
+    asyncio.run(loop.run_until_idle())
+    assert len(errors) == 1  # reported again by step 1 (planned ahead): already failed, ignored
+    assert set(streams) == {0, 2} and not scheduler.requests  # every other row ran to its end
+    for r in (0, 2):
+        assert streams[r].token_ids == reference_tokens(prompts[r], 6)
+    assert scheduler.num_free_blocks == scheduler.num_total_blocks
