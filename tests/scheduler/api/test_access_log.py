@@ -213,3 +213,41 @@ def test_format_and_parse_round_trip():
     fields = [("a", None), ("b", 3), ("c", 'say "hi" = x\\y'), ("d", "")]
     assert access_log.parse_line(access_log.format_fields(fields)) == \
         {"a": "-", "b": "3", "c": 'say "hi" = x\\y', "d": ""}
+
+
+def test_a_stream_that_fails_logs_the_error_event_it_sent(tokenizer, caplog):
+    """The status line has gone (200): the line carries the in-band error's status and id."""
+    async def calls(stub, client, engine):
+        engine.fail = "internal"
+        with pytest.raises(openai.APIError) as e:
+            async for _ in await client.completions.create(model="tiny", prompt="hi", max_tokens=2,
+                                                           stream=True):
+                pass
+        return str(e.value)
+
+    with caplog.at_level(logging.INFO, logger="llmserve.access"):
+        told = _run(tokenizer, calls)
+    [(level, f)] = _lines(caplog)
+    assert level == logging.ERROR and (f["status"], f["outcome"]) == ("500", "failed")
+    assert f"internal error (error id {f['error_id']})" in told and SECRET in f["message"]
+
+
+def test_the_guards_refusals_have_lines_too(tokenizer, caplog):
+    """The API-key guard's 401 (before any route) is logged; the probes' /health is not."""
+    engine = FakeEngine()
+    pool = TokenizePool(tokenizer, 1, max_pending=4)
+    app = build_app(HttpContext(Admission(engine, pool, SizeLimits(), 16, True), tokenizer, "tiny",
+                                api_key="k"), 1 << 20)
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return (await c.get("/v1/models")).status_code, (await c.get("/health")).status_code
+
+    with caplog.at_level(logging.INFO, logger="llmserve.access"):
+        try:
+            statuses = asyncio.run(main())
+        finally:
+            pool.close()
+    [(level, f)] = _lines(caplog)  # /health is not logged
+    assert statuses[0] == 401 and (level, f["status"], f["outcome"]) == (logging.INFO, "401", "refused")
+    assert f["method"] == "GET /v1/models" and "API key" in f["message"]
