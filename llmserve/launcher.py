@@ -28,16 +28,22 @@ from llmserve.flags import (  # noqa: F401 (imported from here by tests and benc
 from scheduler_svc.lifetime import die_with_parent
 
 STOP_TIMEOUT_S = 15.0  # for both services to drain and exit before they are killed
+NAMES = ("executor", "scheduler")  # in the order of flags.commands()
+
+
+def _say(line: str) -> None:
+    """One line on stderr (the services log there too): why the launcher stops, with the codes."""
+    print(f"llmserve: {line}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs both services until one exits (returns its exit code, or 1) or until SIGINT/SIGTERM
     (stops both, returns 0)."""
-    stopping = False
+    stopping = None  # the signal's name once one asked us to stop
 
-    def stop(*_):
+    def stop(signum, _frame):
         nonlocal stopping
-        stopping = True
+        stopping = signal.Signals(signum).name
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
@@ -53,18 +59,27 @@ def main(argv: list[str] | None = None) -> int:
              for cmd, env in zip(commands(args), envs)]
     while not stopping and all(p.poll() is None for p in procs):
         time.sleep(0.1)
-    exited = [p for p in procs if p.poll() is not None]
-    code = 0 if stopping else _exit_code(exited[0].returncode)
+    if stopping:
+        code = 0
+        _say(f"stopping both services ({stopping})")
+    else:
+        name, returncode = next((n, p.returncode) for n, p in zip(NAMES, procs) if p.poll() is not None)
+        code = _exit_code(returncode)
+        others = [n for n, p in zip(NAMES, procs) if p.poll() is None]
+        _say(f"the {name} exited with code {returncode}" +
+             (f"; stopping the {' and the '.join(others)}" if others else ""))
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    for p in procs:
+    for name, p in zip(NAMES, procs):
         try:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            _say(f"the {name} did not stop within {STOP_TIMEOUT_S:.0f} s; killing it")
             p.kill()
             p.wait()
+    _say(f"exiting with code {code} (executor {procs[0].returncode}, scheduler {procs[1].returncode})")
     return code
 
 

@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-import subprocess
 import time
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.api.core_process_handle import CoreProcess, CoreStartError, RestartPolicy  # noqa: F401
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import SamplingParams
-from scheduler_svc.engine.core_process import command_line
-from scheduler_svc.messages import (ALL, AbortRequest, AddRequest, CoreStats, Failed, Outputs,
+from scheduler_svc.messages import (ALL, AbortRequest, AddRequest, CoreStats, Outputs,
                                     RequestError, decode_output)
 from scheduler_svc.pipe import (Channel, ChannelBroken, ChannelClosed, FrameTooLarge,
                                 UndeliverableMessage)
@@ -33,14 +28,6 @@ log = logging.getLogger("llmserve.engine")
 # A stream over its backlog is a slow consumer only once its RPC has been stuck in one write
 # this long: a stream that keeps writing (say, catching up after this process stalled) is not.
 STALL_S = 1.0
-# The folder that holds the scheduler_svc package: the core process imports the same code.
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-_CORE_ENTRY = (f"import sys; sys.path.append({_PACKAGE_ROOT!r}); "
-               "from scheduler_svc.engine.core_process import main; main()")
-
-
-class CoreStartError(RuntimeError):
-    """The engine core process could not start (it could not reach the executor, or died)."""
 
 
 class _Stream:
@@ -71,56 +58,58 @@ class EngineClient:
         self._next_id = 1
         self._streams: dict[int, _Stream] = {}
         self._channel: Channel | None = None
-        self._process: subprocess.Popen | None = None
-        self._reader: asyncio.Task | None = None
+        self._core: CoreProcess | None = None  # the core process now (api/core_process_handle.py)
+        self._reader: asyncio.Task | None = None  # reads its outputs; restarts it when it dies
         self.info: ExecutorInfo | None = None
         self.stats = CoreStats()  # as of the core's last message
-        self.core_lost = asyncio.Event()
+        self.restarting = False  # the core died and a new one is starting: requests get UNAVAILABLE
+        self.core_lost = asyncio.Event()  # set when the core cannot be restarted: the server exits
+        self.restart_policy = RestartPolicy()
 
     async def start(self) -> ExecutorInfo:
         """Starts the core process; returns once it has handshaken with the executor. A start
         that fails or is cancelled (a signal during start-up) leaves no core process behind."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            # subprocess, not multiprocessing: no resource-tracker process to orphan.
-            self._process = subprocess.Popen(
-                [sys.executable, "-c", _CORE_ENTRY,
-                 *command_line(theirs.fileno(), self._config.max_pipe_frame_bytes, os.getpid())],
-                pass_fds=(theirs.fileno(),))
-        finally:
-            theirs.close()
-        try:
-            self._channel = await Channel.open(ours, self._config.max_pipe_frame_bytes)
-            await self._channel.send(self._config)
-            msg = await self._channel.recv()
-        except ChannelClosed:
-            msg = Failed("it exited during start-up (its log is above)")
-        except BaseException:
-            await self.stop()
-            raise
-        if isinstance(msg, Failed):
-            await self.stop()
-            raise CoreStartError(f"the engine core could not start: {msg.message}")
-        self.info = msg.info
+        self._core = CoreProcess(self._config)
+        self.info = await self._core.start()
+        self._channel = self._core.channel
         self._reader = asyncio.create_task(self._read_outputs())
         return self.info
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Closes the channel (the core stops on EOF) and waits for the core process to exit;
-        kills it after `timeout` seconds."""
+        kills it after `timeout` seconds. Also ends a restart in progress."""
         if self._reader is not None:
             self._reader.cancel()
-        if self._channel is not None:
-            self._channel.close()
-        if self._process is None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+        if self._core is not None:
+            await self._core.stop(timeout)
+
+    async def _restart(self, cause: Exception) -> None:
+        """The core died: fails every request UNAVAILABLE, logs how it ended in one line, starts
+        a new one within core_process_handle's RestartPolicy; gives up (core_lost) past it.
+        Meanwhile health says NOT_SERVING (stats: no executor) and new requests UNAVAILABLE."""
+        self.restarting, self.stats = True, CoreStats()
+        num_failed = len(set(self._streams.values()))
+        self._deliver(ALL, RequestError("UNAVAILABLE", "the engine core process died; it is "
+                                        "restarting, retry later"))
+        self.restart_policy.core_died(time.monotonic() - self._core.started_at)
+        detail = "" if isinstance(cause, ChannelClosed) else f" ({type(cause).__name__}: {cause})"
+        log.error("the engine core process %s%s; restarting it; failing %d requests",
+                  await self._core.ended(), detail, num_failed)
+        while (delay := self.restart_policy.next_delay()) is not None:
+            await asyncio.sleep(delay)
+            self._core = core = CoreProcess(self._config)  # (here before its start: stop() reaches it)
+            try:
+                self.info = await core.start()
+            except CoreStartError as e:
+                log.error("%s; %d restarts failed in a row", e, self.restart_policy.failures)
+                continue
+            self._channel, self.restarting = core.channel, False
+            log.info("the engine core restarted (pid %d); serving again", core.process.pid)
             return
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self._process.poll() is None and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.02)
-        if self._process.poll() is None:
-            log.warning("the engine core did not stop within %.0f s; killing it", timeout)
-            self._process.kill()
-            self._process.wait()
+        log.error("the engine core could not be restarted (%d attempts in a row failed); giving up",
+                  self.restart_policy.max_failures)
+        self.core_lost.set()
 
     @property
     def num_requests(self) -> int:
@@ -133,8 +122,9 @@ class EngineClient:
         """Admits a request and yields the outputs of its params.n samples, each with its
         index, as they come; leaving early (cancellation) aborts every sample still running.
         An error of any sample ends them all."""
-        if self.core_lost.is_set():
-            raise RequestError("UNAVAILABLE", "the engine core process is gone")
+        if self.core_lost.is_set() or self.restarting:
+            raise RequestError("UNAVAILABLE", "the engine core process is gone" if self.core_lost.is_set()
+                               else "the engine core process is restarting; retry later")
         req_id, n = self._next_id, params.n
         self._next_id += n  # the samples' ids: req_id .. req_id + n - 1
         try:
@@ -198,33 +188,37 @@ class EngineClient:
             pass  # the core is gone; the reader fails every stream
 
     async def _read_outputs(self) -> None:
-        """Messages from the core process: each step's outputs, to their requests' queues."""
-        try:
-            while True:
-                msg: Outputs = await self._channel.recv()
-                self.stats = CoreStats(*msg.stats)
-                metrics = self.metrics
-                if metrics is None:
-                    for t in msg.outputs:
-                        self._deliver(t[0], decode_output(t))
-                else:
-                    now = time.monotonic()
-                    for req_id, when in msg.scheduled:
-                        metrics.scheduled(req_id, when)
-                    outs = [decode_output(t) for t in msg.outputs]
-                    metrics.outputs(outs, now)  # (per message: one counter addition)
-                    for out in outs:
-                        self._deliver(out.req_id, out)
-                for req_id, error in msg.errors:
-                    self._deliver(req_id, error)
-                # Let the streams take their outputs between frames: after a stall of this
-                # process, a burst of queued frames would otherwise pile up in every queue at
-                # once and look like clients that stopped reading.
-                await asyncio.sleep(0)
-        except (ChannelClosed, ChannelBroken, OSError) as e:
-            log.error("the engine core process is gone (%s); failing %d requests", e, len(self._streams))
-            self.core_lost.set()
-            self._deliver(ALL, RequestError("UNAVAILABLE", "the engine core process exited"))
+        """Messages from the core process: each step's outputs, to their requests' queues;
+        when the core dies, restarts it (_restart) and reads the new one's."""
+        while not self.core_lost.is_set():
+            try:
+                await self._read_until_lost()
+            except (ChannelClosed, ChannelBroken, OSError) as e:
+                await self._restart(e)
+
+    async def _read_until_lost(self) -> None:
+        """Delivers the current core's messages until its channel ends (raises)."""
+        while True:
+            msg: Outputs = await self._channel.recv()
+            self.stats = CoreStats(*msg.stats)
+            metrics = self.metrics
+            if metrics is None:
+                for t in msg.outputs:
+                    self._deliver(t[0], decode_output(t))
+            else:
+                now = time.monotonic()
+                for req_id, when in msg.scheduled:
+                    metrics.scheduled(req_id, when)
+                outs = [decode_output(t) for t in msg.outputs]
+                metrics.outputs(outs, now)  # (per message: one counter addition)
+                for out in outs:
+                    self._deliver(out.req_id, out)
+            for req_id, error in msg.errors:
+                self._deliver(req_id, error)
+            # Let the streams take their outputs between frames: after a stall of this
+            # process, a burst of queued frames would otherwise pile up in every queue at
+            # once and look like clients that stopped reading.
+            await asyncio.sleep(0)
 
     def _deliver(self, req_id: int, item: RequestOutput | RequestError) -> None:
         if req_id == ALL:

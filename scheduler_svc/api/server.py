@@ -25,11 +25,18 @@ from scheduler_svc.runtime import configure_logging, run_async
 log = logging.getLogger("llmserve.scheduler")
 
 
-async def serve(config: SchedulerConfig) -> bool:
-    """Serves until SIGINT/SIGTERM (returns True) or until the engine core dies (False)."""
+async def serve(config: SchedulerConfig) -> tuple[int, str]:
+    """Serves until SIGINT/SIGTERM (exit code 0) or until the engine core dies and cannot be
+    restarted (1); returns the exit code and why."""
     stop = asyncio.Event()
+    signals: list[str] = []  # the one that stopped us, for the last log line
+
+    def on_signal(sig: signal.Signals) -> None:
+        signals.append(sig.name)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):  # from the start: a stop during start-up is clean
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        asyncio.get_running_loop().add_signal_handler(sig, on_signal, sig)
     # TLS files are read first: a missing certificate should not wait for the executor.
     credentials = server_credentials(config.ssl_certfile, config.ssl_keyfile, config.ssl_ca_certs)
     metrics = Metrics()  # the one registry of this process
@@ -43,15 +50,16 @@ async def serve(config: SchedulerConfig) -> bool:
         await public.server.stop(None)
         raise
     if info is None:
-        log.info("stopped during start-up")
         await public.server.stop(None)
-        return True
+        return 0, f"stopped by {signals[0]} during start-up"
     log.info("executor ready: model %s, %d KV blocks of %d tokens, max_model_len %d, graphs %s",
              info.model_name, info.num_blocks, info.block_size, info.max_model_len,
              list(info.cuda_graph_sizes) or "off")
     metrics.bind(engine, info.model_name, info.max_model_len)
     try:
-        return await _serve_ready(config, engine, public, metrics, stop, credentials)
+        if await _serve_ready(config, engine, public, metrics, stop, credentials):
+            return 0, f"stopped by {signals[0]}"
+        return 1, "the engine core process died and could not be restarted"
     finally:
         await engine.stop()
 
@@ -59,7 +67,8 @@ async def serve(config: SchedulerConfig) -> bool:
 async def _serve_ready(config: SchedulerConfig, engine: EngineClient, public, metrics: Metrics,
                        stop: asyncio.Event, credentials) -> bool:
     """With the engine ready: loads the tokenizer, switches the public server to the servicer,
-    serves until `stop` or the core's loss, then drains the servers."""
+    serves until `stop` (True) or the core's loss past its restarts (False), then drains the
+    servers. A core that dies is restarted by the engine client meanwhile (health follows)."""
     info = engine.info
     pool = None
     watch = None
@@ -84,8 +93,8 @@ async def _serve_ready(config: SchedulerConfig, engine: EngineClient, public, me
                  "API key required" if config.api_key else "no API key")
         await asyncio.wait([asyncio.create_task(stop.wait()), asyncio.create_task(engine.core_lost.wait())],
                            return_when=asyncio.FIRST_COMPLETED)
-        log.info("shutting down")
-        return stop.is_set() or not engine.core_lost.is_set()
+        log.info("shutting down (%s)", "stop signal" if stop.is_set() else "the engine core is gone")
+        return stop.is_set()
     finally:
         if watch is not None:
             watch.cancel()
@@ -99,17 +108,20 @@ async def _serve_ready(config: SchedulerConfig, engine: EngineClient, public, me
 
 async def _follow_executor_health(engine: EngineClient, health_servicer, period: float = 0.2) -> None:
     """Health is SERVING exactly while the engine core reports a live executor: NOT_SERVING
-    while it reconnects to a dead or hung one, SERVING again once it is back."""
+    while it reconnects to a dead or hung one, or while the core itself restarts (the engine
+    client resets its stats then), SERVING again once it is back."""
     serving = None
     while True:
-        available = engine.stats.executor_available and not engine.core_lost.is_set()
+        available = (engine.stats.executor_available and not engine.restarting
+                     and not engine.core_lost.is_set())
         if available != serving:
             status = health_pb2.HealthCheckResponse.SERVING if available else \
                 health_pb2.HealthCheckResponse.NOT_SERVING
             for name in ("", SERVICE_NAME):
                 await health_servicer.set(name, status)
             if serving is not None:
-                log.warning("executor %s: health %s", "back" if available else "unavailable",
+                log.warning("%s: health %s", "the engine is back" if available else
+                            "the executor or the engine core is unavailable",
                             health_pb2.HealthCheckResponse.ServingStatus.Name(status))
             serving = available
         await asyncio.sleep(period)
@@ -136,13 +148,13 @@ def main(argv: list[str] | None = None) -> None:
     config = from_args(argv)
     configure_logging(config.log_level, "scheduler")
     try:
-        ok = run_async(serve(config))
-    except KeyboardInterrupt:
-        ok = True
-    except CoreStartError as e:
+        code, why = run_async(serve(config))
+    except KeyboardInterrupt:  # a signal before the loop's handlers were in place
+        code, why = 0, "stopped by a signal during start-up"
+    except CoreStartError as e:  # one line on stderr says why, and the exit code is 1
         sys.exit(f"llmserve-scheduler: {e}")
-    if not ok:
-        sys.exit("the engine core process exited")
+    (log.info if code == 0 else log.error)("llmserve-scheduler: exiting with code %d: %s", code, why)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

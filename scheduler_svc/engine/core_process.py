@@ -19,18 +19,17 @@ from dataclasses import astuple
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.outputs import RequestOutput
-from scheduler_svc.core.request import Request
-from scheduler_svc.core.samples import sample_requests
-from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig, StepResultError
+from scheduler_svc.core.scheduler import SchedulerCoreConfig, StepResultError
 from scheduler_svc.core.spec_decode import check_executor, parse_speculative_config
 from scheduler_svc.core.tokenizer import Tokenizer
+from scheduler_svc.engine.containment import ContainedScheduler, add_all_or_none, request_failed, send_or_fail
 from scheduler_svc.engine.executor_client import ExecutorClient, ExecutorUnavailable
 from scheduler_svc.engine.stats import EngineStats, StatsLogger
 from scheduler_svc.engine.step_loop import StepLoop
 from scheduler_svc.lifetime import die_with_parent
 from scheduler_svc.messages import (ALL, AbortRequest, AddRequest, CoreStats, Failed, Outputs, Ready,
                                     RequestError, encode_output)
-from scheduler_svc.pipe import Channel, ChannelClosed, FrameTooLarge, UndeliverableMessage
+from scheduler_svc.pipe import Channel, ChannelClosed
 from scheduler_svc.runtime import configure_logging, run_async
 from step_protocol.domain import ExecutorInfo
 
@@ -72,7 +71,7 @@ class EngineCore:
         self._connected = False  # False while (re)connecting: new requests are refused
         self.stats = CoreStats()
         self.engine_stats = EngineStats(self.stats)  # step times, preemptions, scheduled-at times
-        self.scheduler: Scheduler | None = None
+        self.scheduler: ContainedScheduler | None = None
         self.loop: StepLoop | None = None
 
     async def connect(self) -> ExecutorInfo:
@@ -85,7 +84,7 @@ class EngineCore:
         path = self._config.tokenizer or info.model_path
         if path not in self._tokenizers:
             self._tokenizers[path] = await asyncio.to_thread(Tokenizer.from_pretrained, path)  # off the loop
-        self.scheduler = Scheduler(core_config(self._config, info), self._tokenizers[path])
+        self.scheduler = ContainedScheduler(core_config(self._config, info), self._tokenizers[path])
         depth = self._config.pipeline_depth if self._config.overlap else 1
         self.loop = StepLoop(self.scheduler, self._client, depth, on_outputs=self._publish,
                              on_result=self.engine_stats.on_result, on_plan=self.engine_stats.on_plan,
@@ -109,12 +108,15 @@ class EngineCore:
                 attempt += 1
                 await asyncio.sleep(0.25)
 
-    def _lose_executor(self, reason: Exception) -> None:
-        """Fails every request and forgets them: their rows on the executor are gone too."""
-        log.error("executor lost or out of step: %s; failing every request and reconnecting", reason)
+    def _lose_executor(self, reason: Exception, error: RequestError | None = None) -> None:
+        """Fails every request and forgets them: their rows on the executor are gone too (the
+        reconnection's Reset drops them)."""
+        if error is None:
+            log.error("executor lost or out of step: %s; failing every request and reconnecting", reason)
+            error = RequestError("UNAVAILABLE", f"the executor went away: {reason}")
         self._connected = self.stats.executor_available = False
         self.scheduler, self.loop = None, None
-        self._publish(errors=[(ALL, RequestError("UNAVAILABLE", f"the executor went away: {reason}"))])
+        self._publish(errors=[(ALL, error)])
 
     async def serve(self) -> None:
         """Handshakes, reports Ready (or Failed) to the API process, then steps."""
@@ -133,9 +135,12 @@ class EngineCore:
         while True:
             cmd = await self._channel.recv()
             if isinstance(cmd, AddRequest):
-                self._add(sample_requests(cmd.req_id, cmd.prompt_token_ids, cmd.params))
+                self._add(cmd)
             elif isinstance(cmd, AbortRequest) and self.scheduler is not None:
-                self.scheduler.abort_request(cmd.req_id)
+                try:
+                    self.scheduler.abort_request(cmd.req_id)
+                except Exception:  # noqa: BLE001 - one request's trouble; the core carries on
+                    log.exception("request %d: aborting it failed", cmd.req_id)
             self._wake.set()
             if not self._publish_pending:  # one snapshot per batch of commands read together
                 self._publish_pending = True
@@ -148,29 +153,23 @@ class EngineCore:
         except ChannelClosed:
             pass  # the reader sees the close too and ends the process
 
-    def _add(self, samples: list[Request]) -> None:
-        """Adds the samples of one client request, all or none."""
-        if not self._connected:
+    def _add(self, cmd: AddRequest) -> None:
+        """Adds the samples of one client request, all or none; anything this request makes
+        raise fails this request only."""
+        if self._connected:
+            error = add_all_or_none(self.scheduler, cmd)
+        else:
             error = RequestError("UNAVAILABLE", "the executor is unreachable; the server is "
                                  "reconnecting, retry later")
-            self._publish(errors=[(r.req_id, error) for r in samples])
-            return
-        added = []
-        try:
-            for request in samples:
-                self.scheduler.add_request(request)
-                added.append(request.req_id)
-        except ValueError as e:  # validation let through a request the core can never run
-            for req_id in added:
-                self.scheduler.abort_request(req_id)
-            error = RequestError("INVALID_ARGUMENT", str(e))
-            self._publish(errors=[(r.req_id, error) for r in samples])
+        if error is not None:
+            self._publish(errors=[(i, error) for i in range(cmd.req_id, cmd.req_id + max(1, cmd.params.n))])
 
     def _publish(self, outputs: list[RequestOutput] = (), errors: list = ()) -> None:
         """Sends outputs and errors with a load snapshot. Never waits: the step loop waits for
         the channel between steps (run_steps), so a stalled API process holds the steps back."""
         s, sched = self.stats, self.scheduler
         if sched is not None:
+            outputs, errors = sched.take_failed(outputs, errors)  # requests the update failed
             s.num_total_blocks, s.num_free_blocks = sched.num_total_blocks, sched.num_free_blocks
             s.num_running, s.num_waiting = sched.num_running, sched.num_waiting
             num_queries, num_hits = sched.take_prefix_cache_stats()  # totals survive a reconnect
@@ -188,25 +187,17 @@ class EngineCore:
         try:
             self._channel.send_nowait(Outputs([encode_output(o) for o in outputs], list(errors), stats,
                                               scheduled))
-        except UndeliverableMessage:  # too large together: each request on its own
+        except ChannelClosed:
+            raise
+        except Exception:  # noqa: BLE001 - too large together, or one does not encode: each alone
             if scheduled:
                 self._channel.send_nowait(Outputs([], [], stats, scheduled))
             for o in outputs:
-                self._send_or_fail(o.req_id, Outputs([encode_output(o)], [], stats))
+                send_or_fail(self._channel, self.scheduler, o.req_id,
+                             lambda o=o: Outputs([encode_output(o)], [], stats), stats)
             for req_id, error in errors:
-                self._send_or_fail(req_id, Outputs([], [(req_id, error)], stats))
-
-    def _send_or_fail(self, req_id: int, message: Outputs) -> None:
-        """Sends one request's output; one that cannot cross fails that request alone."""
-        try:
-            self._channel.send_nowait(message)
-        except UndeliverableMessage as e:
-            log.warning("request %d failed: its output cannot reach the API process: %s", req_id, e)
-            if self.scheduler is not None:
-                self.scheduler.abort_request(req_id)
-            code = "RESOURCE_EXHAUSTED" if isinstance(e, FrameTooLarge) else "INTERNAL"
-            error = RequestError(code, f"an output of this request could not be delivered: {e}")
-            self._channel.send_nowait(Outputs([], [(req_id, error)], message.stats))
+                send_or_fail(self._channel, self.scheduler, req_id,
+                             lambda e=(req_id, error): Outputs([], [e], stats), stats)
 
     async def run(self) -> None:
         """Steps while there is work, sleeps until a command arrives; reconnects when the
@@ -217,7 +208,14 @@ class EngineCore:
                 await self._run_steps()
             except (ExecutorUnavailable, StepResultError) as e:
                 self._lose_executor(e)
-                await self.reconnect()
+            except ChannelClosed:
+                raise
+            except Exception as e:  # noqa: BLE001 - the scheduler's own state is in doubt
+                # A fault no single request explains (containment.py handles those that one does):
+                # every request fails, and a fresh scheduler over a Reset executor takes over.
+                error = request_failed(ALL, "stepping (every request fails; the scheduler restarts)", e)
+                self._lose_executor(e, error)
+            await self.reconnect()
 
     async def _run_steps(self) -> None:
         interval = self._config.executor_health_interval

@@ -199,7 +199,11 @@ def test_llmserve_sigterm_exits_0_and_leaves_no_process(model_dirs, tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)  # as systemd and docker stop a service
         assert proc.wait(timeout=30) == 0, (tmp_path / "llmserve.log").read_text()
         _assert_group_gone(proc)
-        assert "Traceback" not in (tmp_path / "llmserve.log").read_text()
+        log = (tmp_path / "llmserve.log").read_text()
+        assert "Traceback" not in log
+        assert "llmserve: stopping both services (SIGTERM)" in log  # the launcher says why it exits
+        assert "llmserve: exiting with code 0 (executor " in log
+        assert "llmserve-scheduler: exiting with code 0: stopped by SIGTERM" in log
     finally:
         _kill_group(proc)
 
@@ -210,8 +214,11 @@ def test_llmserve_with_a_missing_model_fails_and_leaves_no_process(tmp_path):
                       "--executor-port", str(executor_port), "--executor-args", "--device cpu"],
                      tmp_path / "llmserve.log")
     try:
-        assert proc.wait(timeout=60) != 0
+        assert proc.wait(timeout=60) == 1
         _assert_group_gone(proc)
+        log = (tmp_path / "llmserve.log").read_text()
+        assert "llmserve: the executor exited with code 1; stopping the scheduler" in log
+        assert "llmserve: exiting with code 1 (executor 1, scheduler " in log
     finally:
         _kill_group(proc)
 
