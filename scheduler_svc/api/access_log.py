@@ -21,6 +21,7 @@ import logging
 import re
 import sys
 import time
+import uuid
 from contextvars import ContextVar
 
 log = logging.getLogger("llmserve.access")
@@ -122,6 +123,16 @@ def begin(door: str, method: str) -> Record:
 def current() -> Record:
     """The running request's record (a detached one outside any door's hook: tests)."""
     return _current.get() or Record("-", "-")
+
+
+_ERROR_ID = re.compile(r"^internal error \(error id ([0-9a-f]{6,32})\)$")
+
+
+def error_id_for(message: str) -> str:
+    """The error id of an INTERNAL error: the one its message already carries (the engine core
+    logged the real text under it), else a new one."""
+    m = _ERROR_ID.match(message)
+    return m.group(1) if m else uuid.uuid4().hex[:12]
 
 
 def internal_error(error_id: str, message: str, exc_info: bool = False) -> None:

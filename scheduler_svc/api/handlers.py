@@ -125,7 +125,7 @@ async def abort_with(context, error: RequestError) -> None:
     """Ends the call with the error's status. An INTERNAL error's text is internal (e.g. the
     executor's exception): it goes to the log under an error id, the client gets the id."""
     if error.code == "INTERNAL":
-        error_id = uuid.uuid4().hex[:12]
+        error_id = access_log.error_id_for(error.message)  # the core's own id, if it gave one
         access_log.internal_error(error_id, error.message)
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error (error id {error_id})")
     access_log.current().param = getattr(error, "param", None)  # the field at fault, if known

@@ -58,7 +58,7 @@ def status_of(e: RequestError) -> int:
 def request_error_body(e: RequestError) -> tuple[int, dict]:
     status = status_of(e)
     if status == 500:  # its text is internal (e.g. the executor's exception)
-        error_id = uuid.uuid4().hex[:12]
+        error_id = access_log.error_id_for(e.message)  # the core's own id, if it gave one
         access_log.internal_error(error_id, e.message)  # on the request's access line
         return status, error_body(status, f"internal error (error id {error_id})")
     m = _FIELD.match(e.message)

@@ -32,6 +32,7 @@ from step_protocol.domain import ExecutorInfo
 openai = pytest.importorskip("openai")
 
 SECRET = "executor exploded at /srv/secret/model"
+CORE_ID = "c0ffee123456"
 INFO = ExecutorInfo(model_name="tiny", model_path="", vocab_size=512, eos_token_ids=(2,),
                     max_model_len=256, block_size=16, num_blocks=129, cuda_graph_sizes=(),
                     max_num_seqs=8, max_num_batched_tokens=8192, device="cpu", dtype="float32")
@@ -51,6 +52,8 @@ class FakeEngine:
             raise RequestError("INTERNAL", SECRET)
         if fail == "bug":
             raise KeyError(SECRET)
+        if fail == "core":  # the engine core logged the real text under its own id
+            raise RequestError("INTERNAL", f"internal error (error id {CORE_ID})")
         for i in range(params.n):
             for k in range(params.max_tokens):
                 last = k == params.max_tokens - 1
@@ -251,3 +254,21 @@ def test_the_guards_refusals_have_lines_too(tokenizer, caplog):
     [(level, f)] = _lines(caplog)  # /health is not logged
     assert statuses[0] == 401 and (level, f["status"], f["outcome"]) == (logging.INFO, "401", "refused")
     assert f["method"] == "GET /v1/models" and "API key" in f["message"]
+
+
+def test_an_error_id_from_the_engine_core_is_kept(tokenizer, caplog):
+    """A row the core failed comes with the id the core logged the real text under: the client
+    gets that id on both doors, and the access line has it too (one id to grep for)."""
+    async def calls(stub, client, engine):
+        engine.fail = "core"
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await _generate(stub, max_tokens=2)
+        engine.fail = "core"
+        with pytest.raises(openai.InternalServerError) as h:
+            await client.completions.create(model="tiny", prompt="hi", max_tokens=2)
+        return e.value.details(), h.value.body["message"]
+
+    with caplog.at_level(logging.INFO, logger="llmserve.access"):
+        told = _run(tokenizer, calls)
+    assert told == (f"internal error (error id {CORE_ID})",) * 2
+    assert [(level, f["error_id"]) for level, f in _lines(caplog)] == [(logging.ERROR, CORE_ID)] * 2
