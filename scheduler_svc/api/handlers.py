@@ -33,6 +33,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
+from scheduler_svc.api import codec
 from scheduler_svc.api import access_log
 from scheduler_svc.messages import RequestError
 
@@ -107,11 +108,18 @@ def _deserializer(request_cls, max_bytes: int) -> Callable[[bytes], object]:
                            "(from --max-prompt-bytes, --max-chat-messages, the stop limits and the "
                            "model's max_model_len)")
         try:
-            return request_cls.FromString(data)
+            request = request_cls.FromString(data)
         except DecodeError as e:
             reason = str(e).rpartition(": ")[2] or "wire format was corrupt"
             return Refused(grpc.StatusCode.INVALID_ARGUMENT,
                            f"the request is not a valid {request_cls.DESCRIPTOR.full_name}: {reason}")
+        where = codec.unknown_field(request)
+        if where is not None:
+            return Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"{where}: field number {where.rpartition('#')[2]} is not a field of this "
+                           f"server's {request_cls.DESCRIPTOR.full_name}; remove it (unknown fields "
+                           "are refused, not ignored, because they might change the output)")
+        return request
     return parse
 
 

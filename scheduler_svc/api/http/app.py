@@ -11,6 +11,7 @@ import time
 
 from fastapi import FastAPI, Request
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from scheduler_svc.api import access_log
@@ -93,6 +94,17 @@ def build_app(ctx: HttpContext, max_body_bytes: int) -> access_log.HttpAccessLog
     async def _internal(request, e: Exception):
         return errors.internal_error_response()
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _no_route(request, e: StarletteHTTPException):  # 404, 405: in OpenAI's shape too
+        if e.status_code == 404:
+            message = (f"{request.method} {request.url.path} is not a route of this server (it "
+                       "serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, "
+                       "/detokenize, /health and /metrics)")
+        else:
+            message = f"{request.method} {request.url.path}: {e.detail}"
+        return errors.error_response(e.status_code, message, code="not_found" if e.status_code == 404
+                                     else None, headers=getattr(e, "headers", None))
+
     @app.get("/health")
     async def health():
         engine = ctx.engine
@@ -104,12 +116,19 @@ def build_app(ctx: HttpContext, max_body_bytes: int) -> access_log.HttpAccessLog
     async def metrics():
         return Response(metrics_route.metrics_text(ctx.metrics), media_type=metrics_route.CONTENT_TYPE)
 
+    def model_card() -> dict:
+        return {"id": ctx.model_name, "object": "model", "created": int(time.time()),
+                "owned_by": "llmserve", "root": ctx.model_name,
+                "max_model_len": ctx.admission.limits.max_model_len}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{
-            "id": ctx.model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "llmserve", "root": ctx.model_name,
-            "max_model_len": ctx.admission.limits.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        ctx.check_model(model_id)
+        return model_card()
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

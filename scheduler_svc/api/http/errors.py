@@ -3,9 +3,6 @@ with the HTTP status that matches the API's RequestError codes."""
 
 from __future__ import annotations
 
-import json
-import logging
-import re
 import uuid
 
 from pydantic import ValidationError
@@ -13,18 +10,12 @@ from starlette.responses import JSONResponse
 
 from scheduler_svc.api import access_log
 from scheduler_svc.api.admission import is_overload
+from scheduler_svc.api.http.schemas import UNSUPPORTED
 from scheduler_svc.messages import RequestError
-
-log = logging.getLogger("llmserve.api")
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error",
           503: "service_unavailable"}
-_FIELD = re.compile(r"^(?:the )?([a-z_]+)\b")
-_FIELDS = {"n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
-           "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
-           "repetition_penalty", "min_p", "min_tokens", "prompt", "messages", "model", "echo",
-           "suffix", "best_of", "max_completion_tokens", "tokens", "chat"}
 
 
 class HttpError(Exception):
@@ -61,9 +52,7 @@ def request_error_body(e: RequestError) -> tuple[int, dict]:
         error_id = access_log.error_id_for(e.message)  # the core's own id, if it gave one
         access_log.internal_error(error_id, e.message)  # on the request's access line
         return status, error_body(status, f"internal error (error id {error_id})")
-    m = _FIELD.match(e.message)
-    param = m.group(1) if m and m.group(1) in _FIELDS else None
-    return status, error_body(status, e.message, param, e.code.lower())
+    return status, error_body(status, e.message, e.param, e.code.lower())
 
 
 def from_request_error(e: RequestError) -> JSONResponse:
@@ -78,18 +67,24 @@ def from_validation_error(e: ValidationError) -> JSONResponse:
     loc = ".".join(str(x) for x in first.get("loc", ()))
     if first.get("type") == "json_invalid":
         return error_response(400, f"the body is not valid JSON: {first['msg']}")
+    if first.get("type") == "extra_forbidden":
+        return error_response(400, _unknown_field_message(loc), loc, "unsupported_field")
     message = f"{loc}: {first['msg']}" if loc else first["msg"]
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more errors)"
     return error_response(400, message, loc or None)
 
 
+def _unknown_field_message(loc: str) -> str:
+    name = loc.rsplit(".", 1)[-1]
+    if name in UNSUPPORTED:
+        return (f"{loc}: {UNSUPPORTED[name]} ('{name}') is not supported by this server yet; "
+                "remove the field (it is refused, not ignored, because it would change the output)")
+    return (f"{loc}: this server does not know the field '{name}'; remove it (unknown fields are "
+            "refused, not ignored, because they might change the output)")
+
+
 def internal_error_response() -> JSONResponse:
     error_id = uuid.uuid4().hex[:12]
     access_log.internal_error(error_id, "the route raised", exc_info=True)  # with the traceback
     return error_response(500, f"internal error (error id {error_id})")
-
-
-def sse_error(e: RequestError) -> str:
-    """An error inside an event stream (the status line has gone already)."""
-    return f"data: {json.dumps(request_error_body(e)[1])}\n\n"

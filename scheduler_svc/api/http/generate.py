@@ -40,8 +40,12 @@ async def _generate(ctx: HttpContext, request: Request, body, chat: bool) -> Res
     record = access_log.current()  # the request's access-log line (access_log.HttpAccessLog)
     record.request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     ctx.check_model(body.model)
-    prompt, raw = body.to_prompt(), body.to_raw()
-    prompt_ids, params = await ctx.admission.admit(prompt, raw, "")
+    try:
+        prompt, raw = body.to_prompt(), body.to_raw()
+        prompt_ids, params = await ctx.admission.admit(prompt, raw, "")
+    except RequestError as e:
+        e.param = body.client_param(e.param)  # as the client spelled it
+        raise
     record.admitted(record.request_id, len(prompt_ids))
     job = _Job(ctx, body, chat, prompt_ids, params, record)
     if body.stream:
