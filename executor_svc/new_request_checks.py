@@ -6,11 +6,10 @@ Each error names the request and the field.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from step_protocol.domain import ExecutorInfo, NewRequestData, SamplerParams
+from step_protocol.domain import ExecutorInfo, NewRequestData
+from step_protocol.sampler_checks import SamplerParamsError, check_sampler
 
 
 class NewRequestError(ValueError):
@@ -43,44 +42,7 @@ def check_new_request(new: NewRequestData, info: ExecutorInfo, max_blocks_per_se
     if not 0 <= new.num_prompt_tokens <= num_known:
         raise NewRequestError(f"new request {rid}: num_prompt_tokens {new.num_prompt_tokens} outside 0 to "
                               f"its {num_known} token_ids")
-    _check_sampler(rid, new.sampler_params)
-    _check_processors(rid, new.sampler_params, info)
-
-
-def _check_processors(rid: int, s: SamplerParams, info: ExecutorInfo) -> None:
-    """The logits processors' and logprobs' fields: they index the vocabulary and fixed-width
-    per-row tables, and feed the logits (a NaN would poison a row's every token)."""
-    def refuse(what: str) -> None:
-        raise NewRequestError(f"new request {rid}: {what}")
-
-    for name in ("presence_penalty", "frequency_penalty"):
-        if not math.isfinite(getattr(s, name)):
-            refuse(f"{name} {getattr(s, name)} is not finite")
-    if not (math.isfinite(s.repetition_penalty) and s.repetition_penalty > 0):
-        refuse(f"repetition_penalty {s.repetition_penalty} (need a finite value > 0)")
-    if not 0 <= s.min_p <= 1:
-        refuse(f"min_p {s.min_p} (need 0 <= min_p <= 1)")
-    if len(s.logit_bias) > info.max_logit_bias:
-        refuse(f"{len(s.logit_bias)} logit_bias entries > {info.max_logit_bias}")
-    ids = [t for t, _ in s.logit_bias]
-    if any(not 0 <= t < info.vocab_size for t in ids) or len(set(ids)) != len(ids):
-        refuse(f"logit_bias token ids must be distinct and in 0 to {info.vocab_size - 1}")
-    if not all(math.isfinite(b) for _, b in s.logit_bias):
-        refuse("a logit_bias value is not finite")
-    if s.min_tokens < 0 or len(s.min_tokens_stop_ids) > info.max_min_tokens_stop_ids:
-        refuse(f"min_tokens {s.min_tokens} with {len(s.min_tokens_stop_ids)} stop ids (need "
-               f"min_tokens >= 0 and at most {info.max_min_tokens_stop_ids} ids)")
-    if any(not 0 <= t < info.vocab_size for t in s.min_tokens_stop_ids):
-        refuse(f"min_tokens_stop_ids outside 0 to {info.vocab_size - 1}")
-    for name in ("logprobs", "prompt_logprobs"):
-        if not -1 <= getattr(s, name) <= info.max_logprobs:
-            refuse(f"{name} {getattr(s, name)} (need -1 to max_logprobs {info.max_logprobs})")
-
-
-def _check_sampler(rid: int, s: SamplerParams) -> None:
-    if not (math.isfinite(s.temperature) and s.temperature >= 0):
-        raise NewRequestError(f"new request {rid}: temperature {s.temperature} (need a finite value >= 0)")
-    if not (math.isfinite(s.top_p) and 0 < s.top_p <= 1):
-        raise NewRequestError(f"new request {rid}: top_p {s.top_p} (need 0 < top_p <= 1)")
-    if s.top_k < 0:
-        raise NewRequestError(f"new request {rid}: top_k {s.top_k} (need >= 0; 0 = no cut)")
+    try:  # the one definition both services use (the scheduler's validation runs it too)
+        check_sampler(new.sampler_params, info)
+    except SamplerParamsError as e:
+        raise NewRequestError(f"new request {rid}: {e}") from None

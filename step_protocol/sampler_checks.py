@@ -22,7 +22,6 @@ _INT_RANGES = {
     FieldDescriptor.TYPE_INT64: (-(1 << 63), (1 << 63) - 1),
     FieldDescriptor.TYPE_UINT64: (0, (1 << 64) - 1),
 }
-FLOAT32_MAX = 3.4028234663852886e38
 
 
 class SamplerParamsError(ValueError):
@@ -66,11 +65,11 @@ def check_sampler(p: SamplerParams, info: ExecutorInfo) -> None:
          "need a finite value > 0")
     bias_ids = [t for t, _ in p.logit_bias]
     if len(bias_ids) > info.max_logit_bias:
-        raise SamplerParamsError("logit_bias", f"has {len(bias_ids)} entries > {info.max_logit_bias}")
+        raise SamplerParamsError("logit_bias", f"entries: {len(bias_ids)} > {info.max_logit_bias}")
     if any(not 0 <= t < info.vocab_size for t in bias_ids) or len(set(bias_ids)) != len(bias_ids):
         raise SamplerParamsError("logit_bias", f"token ids must be distinct and in 0 to {info.vocab_size - 1}")
     if not all(math.isfinite(b) for _, b in p.logit_bias):
-        raise SamplerParamsError("logit_bias", "has a value that is not finite")
+        raise SamplerParamsError("logit_bias", "value is not finite")
     need(p.min_tokens >= 0, "min_tokens", "need >= 0")
     if len(p.min_tokens_stop_ids) > info.max_min_tokens_stop_ids:
         raise SamplerParamsError("min_tokens_stop_ids", f"has {len(p.min_tokens_stop_ids)} ids > "

@@ -66,7 +66,7 @@ NEW_ROW_ERRORS = {
     "bias id twice": (plan([new(params=SamplerParams(logit_bias=((5, 1.0), (5, 2.0))))]), "logit_bias token ids"),
     "bias nan": (plan([new(params=SamplerParams(logit_bias=((5, math.nan),)))]), "logit_bias value"),
     "too many biases": (plan([new(params=SamplerParams(logit_bias=tuple((i, 1.0) for i in range(301))))]),
-                        "301 logit_bias entries > 300"),
+                        "logit_bias entries: 301 > 300"),
     "stop id past vocab": (plan([new(params=SamplerParams(min_tokens=2, min_tokens_stop_ids=(600,)))]),
                            "min_tokens_stop_ids outside"),
     "logprobs > max": (plan([new(params=SamplerParams(logprobs=21))]), "logprobs 21"),
