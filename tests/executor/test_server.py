@@ -126,14 +126,17 @@ def test_every_executor_rpc_needs_the_token(stub, metadata):
 def test_execute_stream_in_order_and_errors_do_not_end_it(stub):
     bad_temperature = new_plan(3, req_id=2, block=2)
     bad_temperature.new_requests[0].sampler_params.temperature = math.nan
-    plans = [new_plan(1), decode(2, 99), bad_temperature, decode(4, 1)]
+    plans = [new_plan(1), decode(2, 99), bad_temperature, decode(4, 1, 1), decode(5, 1)]
     results = list(stub.Execute(iter(plans), metadata=AUTH))
     stub.Reset(pb.ResetRequest(), metadata=AUTH)
-    assert [r.step_id for r in results] == [1, 2, 3, 4]
+    assert [r.step_id for r in results] == [1, 2, 3, 4, 5]
     assert list(results[0].req_ids) == [1] and results[0].error == ""
-    assert "cached request 99 is not running" in results[1].error
-    assert "temperature nan" in results[2].error
-    assert list(results[3].req_ids) == [1] and results[3].graph_size == 0
+    # bad rows fail alone (the plan runs without them); a plan bad as a whole is an error
+    assert list(results[1].failed_req_ids) == [99] and "cached request 99 is not running" in results[1].failed_errors[0]
+    assert list(results[2].failed_req_ids) == [2] and "temperature nan" in results[2].failed_errors[0]
+    assert not results[1].error and not results[2].error
+    assert "request 1 is scheduled twice" in results[3].error
+    assert list(results[4].req_ids) == [1] and results[4].graph_size == 0
 
 
 def test_one_plan_stream_at_a_time_and_a_cancelled_one_frees_the_slot(stub):
