@@ -33,8 +33,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
-from scheduler_svc.api import codec
-from scheduler_svc.api import access_log
+from scheduler_svc.api import access_log, codec, memory
 from scheduler_svc.messages import RequestError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LLMServe"].full_name
@@ -46,9 +45,10 @@ STARTING_MESSAGE = "the server is starting: the executor is not ready yet; retry
 class Refused:
     """What a request's deserializer returns instead of a message it will not parse."""
 
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str, num_bytes: int = 0):
         self.code = code
         self.message = message
+        self.num_bytes = num_bytes  # of the refused request (memory.release_after)
 
 
 class LLMServeHandlers(grpc.GenericRpcHandler):
@@ -106,19 +106,20 @@ def _deserializer(request_cls, max_bytes: int) -> Callable[[bytes], object]:
             return Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
                            f"the request is {len(data)} bytes; this server takes at most {max_bytes} "
                            "(from --max-prompt-bytes, --max-chat-messages, the stop limits and the "
-                           "model's max_model_len)")
+                           "model's max_model_len)", len(data))
         try:
             request = request_cls.FromString(data)
         except DecodeError as e:
             reason = str(e).rpartition(": ")[2] or "wire format was corrupt"
             return Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"the request is not a valid {request_cls.DESCRIPTOR.full_name}: {reason}")
+                           f"the request is not a valid {request_cls.DESCRIPTOR.full_name}: {reason}",
+                           len(data))
         where = codec.unknown_field(request)
         if where is not None:
             return Refused(grpc.StatusCode.INVALID_ARGUMENT,
                            f"{where}: field number {where.rpartition('#')[2]} is not a field of this "
                            f"server's {request_cls.DESCRIPTOR.full_name}; remove it (unknown fields "
-                           "are refused, not ignored, because they might change the output)")
+                           "are refused, not ignored, because they might change the output)", len(data))
         return request
     return parse
 
@@ -140,7 +141,7 @@ async def abort_with(context, error: RequestError) -> None:
     await context.abort(getattr(grpc.StatusCode, error.code), error.message)
 
 
-def _ended(record: access_log.Record, context, error: BaseException | None) -> None:
+def _ended(record: access_log.Record, context, error: BaseException | None, request) -> None:
     """The call's status on its record (an abort's code and details are on the context), then
     its access line."""
     if error is None:
@@ -151,6 +152,7 @@ def _ended(record: access_log.Record, context, error: BaseException | None) -> N
                         record.param)  # (abort_with's)
     # else cancelled (the client left, or its deadline passed): the status stays unset
     record.emit()
+    memory.release_after(request.num_bytes if isinstance(request, Refused) else request.ByteSize())
 
 
 def _guard(method, rpc: str):
@@ -174,7 +176,7 @@ def _guard(method, rpc: str):
                 error = e
                 raise
             finally:
-                _ended(record, context, error)
+                _ended(record, context, error, request)
         return stream
 
     async def unary(request, context):
@@ -192,5 +194,5 @@ def _guard(method, rpc: str):
             error = e
             raise
         finally:
-            _ended(record, context, error)
+            _ended(record, context, error, request)
     return unary

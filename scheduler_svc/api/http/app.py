@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from scheduler_svc.api import access_log
+from scheduler_svc.api import access_log, memory
 from scheduler_svc.api.http import errors, generate, metrics_route
 from scheduler_svc.api.http.context import HttpContext, parse
 from scheduler_svc.api.http.schemas import DetokenizeRequest, TokenizeRequest
@@ -58,7 +58,9 @@ class Guard:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body_bytes:
-                return await too_large(scope, receive, send)
+                chunks.clear()
+                await too_large(scope, receive, send)
+                return memory.release_after(size)
             if not message.get("more_body"):
                 break
         replayed = False
@@ -70,12 +72,17 @@ class Guard:
                 return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
             return await receive()  # then the real one: disconnects are seen
 
-        await self.app(scope, replay, send)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            chunks.clear()
+            memory.release_after(size)
 
 
 def build_app(ctx: HttpContext, max_body_bytes: int) -> access_log.HttpAccessLog:
+    # no slash redirects: a 307 with an empty body is no OpenAI error (POST /v1/completions/ is a 404)
     app = FastAPI(title="llmserve OpenAI-compatible API", docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url=None, redirect_slashes=False)
     app.state.ctx = ctx
 
     @app.exception_handler(RequestError)
@@ -152,7 +159,11 @@ def build_app(ctx: HttpContext, max_body_bytes: int) -> access_log.HttpAccessLog
     async def detokenize(request: Request):
         body = await parse(request, DetokenizeRequest)
         ctx.check_model(body.model)
-        token_ids = check_detokenize_ids(body.tokens, ctx.admission.limits)
+        try:
+            token_ids = check_detokenize_ids(body.tokens, ctx.admission.limits)
+        except RequestError as e:
+            e.param = "tokens"  # as this body names them
+            raise
         return {"prompt": await ctx.admission.pool.decode(token_ids, body.skip_special_tokens)}
 
     generate.add_routes(app, ctx)

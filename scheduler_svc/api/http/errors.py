@@ -64,7 +64,7 @@ def from_validation_error(e: ValidationError) -> JSONResponse:
     """A body that is not JSON or does not fit the schema: 400, naming the field."""
     errors = e.errors(include_url=False)
     first = errors[0] if errors else {"loc": (), "msg": str(e)}
-    loc = ".".join(str(x) for x in first.get("loc", ()))
+    loc = ".".join(str(x) for x in _client_path(first.get("loc", ())))
     if first.get("type") == "json_invalid":
         return error_response(400, f"the body is not valid JSON: {first['msg']}")
     if first.get("type") == "extra_forbidden":
@@ -73,6 +73,17 @@ def from_validation_error(e: ValidationError) -> JSONResponse:
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more errors)"
     return error_response(400, message, loc or None)
+
+
+def _client_path(loc: tuple) -> list:
+    """pydantic's location as the client's body spells it: keys and indexes only, without the
+    union branches pydantic names in between ("prompt.str", "messages.0.content.list[...]")."""
+    return [x for x in loc if isinstance(x, int) or not _is_branch(x)]
+
+
+def _is_branch(name: str) -> bool:
+    # our fields are snake_case; branches are type names: str, int, list[int], ContentPart, ...
+    return "[" in name or name[:1].isupper() or name in ("str", "int", "float", "bool", "none", "list", "dict")
 
 
 def _unknown_field_message(loc: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler_svc.api.prompts import ChatPrompt, TextPrompt, TokenIdsPrompt
 from scheduler_svc.api.request_params import RawParams
@@ -42,6 +42,14 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data):
+        """OpenAI's fields are nullable: null means "not set" (also for a refused field)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
 
 class StreamOptions(_Body):
