@@ -38,9 +38,13 @@ class SchedulerConfig:
     # Tokens per streamed message (the last message may hold fewer); 1 = every step's token.
     # Larger values cut the per-message cost of many concurrent streams.
     stream_interval: int = 1
-    # Tokens a stream may hold unread (its client stopped reading); beyond, the request is
-    # aborted (its slot and KV blocks freed) and the stream ends RESOURCE_EXHAUSTED.
-    max_stream_backlog: int = 4096
+    # A client that stops reading its stream (docs/hardening.md, "Slow clients"): once its RPC
+    # has been stuck in one write (the client's transport window is full) for more than a
+    # second with more than this many tokens a sample queued unread, or for more than
+    # max_stream_stall seconds (0 = no time bound), the request is aborted (its slot and KV
+    # blocks freed) and the stream ends RESOURCE_EXHAUSTED.
+    max_stream_backlog: int = 256
+    max_stream_stall: float = 5.0
     # Largest message between the scheduler's two processes (pickled bytes); a request or an
     # output above it fails alone with RESOURCE_EXHAUSTED.
     max_pipe_frame_bytes: int = 64 << 20
@@ -142,8 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "one message); 1 = every token as soon as it is sampled")
     p.add_argument("--max-stream-backlog", type=int,
                    default=_env("MAX_STREAM_BACKLOG", d.max_stream_backlog),
-                   help="tokens a stream may hold unread before its request is aborted "
-                        "(RESOURCE_EXHAUSTED: the client read too slowly)")
+                   help="tokens a stream may hold unread (a sample, once its writes have been "
+                        "stuck for 1 s) before its request is aborted (RESOURCE_EXHAUSTED: the "
+                        "client read too slowly)")
+    p.add_argument("--max-stream-stall", type=float,
+                   default=_env("MAX_STREAM_STALL", d.max_stream_stall),
+                   help="seconds a stream's write may stay stuck (its client reads nothing) before "
+                        "its request is aborted, whatever its backlog; 0 = no time bound")
     p.add_argument("--max-pipe-frame-bytes", type=int,
                    default=_env("MAX_PIPE_FRAME_BYTES", d.max_pipe_frame_bytes),
                    help="largest message between the scheduler's two processes")

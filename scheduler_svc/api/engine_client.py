@@ -3,8 +3,9 @@
 The scheduler core and the executor stream run in their own process (engine/core_process.py); this
 side admits and aborts requests over a framed channel (scheduler_svc/pipe.py) and fans each
 step's outputs out to the request streams. A stream that falls behind gets its queued outputs
-folded into fewer messages; one whose client stopped reading (more than --max-stream-backlog
-tokens queued) has its request aborted, so that it no longer holds a slot and KV blocks.
+folded into fewer messages; one whose client stopped reading (its RPC stuck in one write with
+more than --max-stream-backlog tokens queued, or for more than --max-stream-stall seconds) has
+its request aborted, so that it no longer holds a slot and KV blocks.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ log = logging.getLogger("llmserve.engine")
 # A stream over its backlog is a slow consumer only once its RPC has been stuck in one write
 # this long: a stream that keeps writing (say, catching up after this process stalled) is not.
 STALL_S = 1.0
+# No output delivered for this long: this process (or the core) paused, and --max-stream-stall
+# counts from the end of the pause (steps slower than this leave only the backlog bound).
+PAUSE_S = 2.0
 
 
 class _Stream:
@@ -37,7 +41,7 @@ class _Stream:
     __slots__ = ("queue", "num_queued_tokens", "aborted", "reading", "last_read", "live")
 
     def __init__(self, req_ids: range):
-        self.queue: asyncio.Queue = asyncio.Queue()  # bounded by max_stream_backlog tokens a sample
+        self.queue: asyncio.Queue = asyncio.Queue()  # bounded: see _too_slow
         self.live = set(req_ids)  # samples not finished yet
         self.num_queued_tokens = 0
         self.aborted = False  # too far behind: the core was told to abort the request
@@ -55,6 +59,8 @@ class EngineClient:
         self.metrics = metrics  # api/metrics.Metrics: sees each request's events, or None
         self._stream_interval = max(1, config.stream_interval)
         self._max_backlog = max(1, config.max_stream_backlog)
+        self._max_stall = config.max_stream_stall if config.max_stream_stall > 0 else float("inf")
+        self._last_delivery = self._resumed_at = 0.0  # (see PAUSE_S)
         self._next_id = 1
         self._streams: dict[int, _Stream] = {}
         self._channel: Channel | None = None
@@ -229,28 +235,39 @@ class EngineClient:
         if stream is None or stream.aborted:
             return
         if isinstance(item, RequestOutput):
+            now = time.monotonic()
+            if now - self._last_delivery > PAUSE_S:
+                self._resumed_at = now
+            self._last_delivery = now
             stream.num_queued_tokens += len(item.new_token_ids)
-            max_backlog = self._max_backlog * len(stream.live)  # per sample still running
-            if (stream.num_queued_tokens > max_backlog and item.finish_reason is None
-                    and not stream.reading and time.monotonic() - stream.last_read > STALL_S):
+            if item.finish_reason is None and not stream.reading and self._too_slow(stream, now):
                 self._abort_slow_stream(req_id, stream)
                 return
         stream.queue.put_nowait(item)
 
+    def _too_slow(self, stream: _Stream, now: float) -> bool:
+        """Its RPC is stuck in one write (the client's transport takes nothing more) past
+        STALL_S with more than the backlog queued, or past --max-stream-stall, not counting a
+        pause of this process or of the core (streams catching up after it are not slow)."""
+        if now - stream.last_read <= STALL_S:
+            return False
+        return (stream.num_queued_tokens > self._max_backlog * len(stream.live)  # a sample running
+                or now - max(stream.last_read, self._resumed_at) > self._max_stall)
+
     def _abort_slow_stream(self, req_id: int, stream: _Stream) -> None:
         """Decided here, not in the RPC: its generator is stuck in a write to a client that
-        does not read (HTTP/2 flow control). Frees the request's slots and blocks now (all
-        its samples); the RPC ends RESOURCE_EXHAUSTED when the client reads again or gives up."""
-        log.warning("request %d: the client read too slowly (%d tokens unread, over "
-                    "--max-stream-backlog %d a sample); aborting it", req_id,
-                    stream.num_queued_tokens, self._max_backlog)
+        does not read (HTTP/2 or TCP flow control). Frees the request's slots and blocks now
+        (all its samples); the RPC ends RESOURCE_EXHAUSTED when the client reads again or gives up."""
+        why = (f"{stream.num_queued_tokens} tokens were waiting unread and none had been read for "
+               f"{time.monotonic() - stream.last_read:.1f} s (--max-stream-backlog {self._max_backlog}, "
+               f"--max-stream-stall {self._config.max_stream_stall:g})")
+        log.warning("request %d: the client read too slowly: %s; aborting it", req_id, why)
+        message = f"the client read too slowly: {why}, so the request was aborted"
         while not stream.queue.empty():
             stream.queue.get_nowait()
         stream.aborted = True
         stream.num_queued_tokens = 0
-        stream.queue.put_nowait(RequestError(
-            "RESOURCE_EXHAUSTED", f"the client read too slowly: more than {self._max_backlog} tokens "
-            "were waiting unread (--max-stream-backlog), so the request was aborted"))
+        stream.queue.put_nowait(RequestError("RESOURCE_EXHAUSTED", message))
         for i in sorted(stream.live):
             self._send_abort(i)
 

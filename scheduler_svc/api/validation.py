@@ -135,6 +135,14 @@ def check_prompt_len(num_tokens: int, limits: Limits) -> None:
         raise _context_error(num_tokens, limits)
 
 
+def prompt_over_context(at_least: int, max_tokens: int, counted: str) -> RequestError:
+    """A prompt refused before it was tokenized whole: it has at least `at_least` tokens (by
+    `counted`), more than the `max_tokens` the context takes (the model's context less one
+    for generation, or the whole context for Tokenize)."""
+    return invalid(f"the prompt has at least {at_least} tokens ({counted}) but the model's "
+                   f"context takes at most {max_tokens} (the executor's --max-model-len)", "prompt")
+
+
 def check_prompt(token_ids, limits: Limits) -> None:
     """The tokenized prompt: non-empty, within the context, every id in the vocabulary."""
     if len(token_ids) == 0:

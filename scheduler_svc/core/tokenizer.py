@@ -33,6 +33,9 @@ class Tokenizer:
         self.eos_token_ids = self._eos_token_ids(_read_json(folder / "generation_config.json"))
         self.chat_template = _find_chat_template(folder, config)
         self._compiled_template: jinja2.Template | None = None
+        # The most bytes of text one token can stand for: a text of B bytes has at least
+        # ceil(B / max_token_bytes) tokens (api/tokenize_pool.py refuses on it untokenized).
+        self.max_token_bytes = max_token_bytes(self.hf, _read_json(folder / "tokenizer.json"))
 
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> Tokenizer:
@@ -81,6 +84,58 @@ class Tokenizer:
         if eos_id is not None and eos_id not in ids:
             ids.append(eos_id)
         return tuple(ids)
+
+
+# Normalizers that never make the text shorter in UTF-8 bytes (Replace: when its content is at
+# least as long as its pattern). NFC composes at most 3 code points into one of at least a third
+# of their bytes (Hangul L+V+T: 9 bytes -> 3): a token then stands for up to 3x its bytes.
+_KEEPS_LENGTH = {"Prepend": 1, "Replace": 1, "NFC": 3}
+# Pre-tokenizers that keep every byte of the text (Whitespace, Bert... drop the whitespace).
+_KEEPS_BYTES = {"ByteLevel", "Metaspace", "Digits", "Punctuation", "UnicodeScripts", "Split"}
+
+
+def max_token_bytes(hf: HFTokenizer, spec: dict) -> int | None:
+    """The most UTF-8 bytes of input one token can stand for, from the vocabulary's longest
+    token (its text in the vocabulary is never shorter than the input it matched: byte-level
+    characters are 1-2 bytes for one byte, SentencePiece's '▁' 3 for one space, '<0xAB>' 6 for
+    one). None when no bound holds: a normalizer or pre-tokenizer that drops or shrinks text,
+    or an unknown token that may stand for a whole run of text."""
+    factor = _length_factor(spec.get("normalizer"), _KEEPS_LENGTH)
+    if factor is None or _length_factor(spec.get("pre_tokenizer"), {t: 1 for t in _KEEPS_BYTES}) is None:
+        return None
+    model = spec.get("model") or {}
+    unknown = 0  # bytes an unknown token may stand for
+    if model.get("type") == "WordPiece":
+        unknown = 4 * model.get("max_input_chars_per_word", 100)
+    elif model.get("type") != "BPE" or (model.get("unk_token") is not None and not model.get(
+            "byte_fallback") and model.get("fuse_unk")):
+        return None  # Unigram, WordLevel, fused unknowns: one token for a whole run
+    elif model.get("unk_token") is not None:
+        unknown = 4  # one character
+    longest = max((len(t.encode("utf-8", "surrogatepass")) for t in hf.get_vocab(True)), default=1)
+    return factor * max(longest, unknown, 1)
+
+
+def _length_factor(step: dict | None, allowed: dict[str, int]) -> int | None:
+    """How many times shorter a normalizer (or pre-tokenizer) can make the text; None: unbounded."""
+    if step is None:
+        return 1
+    kind = step.get("type")
+    if kind == "Sequence":
+        factor = 1
+        for part in step.get("normalizers") or step.get("pretokenizers") or []:
+            f = _length_factor(part, allowed)
+            if f is None:
+                return None
+            factor *= f
+        return factor
+    if kind == "Replace":
+        pattern = (step.get("pattern") or {}).get("String")
+        if pattern is None or len(step.get("content", "").encode()) < len(pattern.encode()):
+            return None
+    if kind == "Split" and str(step.get("behavior", "")).lower() == "removed":
+        return None
+    return allowed.get(kind)
 
 
 def _read_json(path: Path) -> dict:

@@ -1,6 +1,6 @@
 """Hostile requests against one real cluster: each gets its exact status code (and a message a
 user can act on), and after each the server is healthy, serves a normal request token-exact
-and holds nothing. Then: a large prompt is tokenized without stalling another client's stream,
+and holds nothing. Then: a large prompt is refused without stalling another client's stream,
 and the API process gives the memory back."""
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def test_a_large_prompt_never_stalls_another_stream_and_memory_comes_back(cluste
         time.sleep(0.01)
     start = time.monotonic()
     try:
-        with pytest.raises(grpc.RpcError) as err:  # refused on the count, after tokenizing it all
+        with pytest.raises(grpc.RpcError) as err:  # refused untokenized (far over the context)
             cluster.stub.Complete(big, timeout=120)
         end = time.monotonic()
         time.sleep(0.2)  # one more message after the large request ended
@@ -277,11 +277,9 @@ def test_a_large_prompt_never_stalls_another_stream_and_memory_comes_back(cluste
         done.set()
         other.join()
     assert err.value.code() == INVALID and "--max-model-len" in err.value.details()
-    took = end - start
-    assert took > 1.0, f"tokenizing took only {took:.2f}s: too short to show a stalled loop"
     assert stamps[-1] > end
     during = [b - a for a, b in zip(stamps, stamps[1:]) if b >= start and a <= end]
-    assert max(during) < min(1.0, took / 2), (max(during), took)
+    assert not during or max(during) < 1.0, (max(during), end - start)
     rss_growth_mb = (_rss_kb(api_pid) - rss_before) / 1024
     assert rss_growth_mb < 64, f"the API process kept {rss_growth_mb:.0f} MB after the request"
     _assert_healthy_and_drained(cluster, reference)
