@@ -38,7 +38,7 @@ class SchedulerConfig:
     # Tokens per streamed message (the last message may hold fewer); 1 = every step's token.
     # Larger values cut the per-message cost of many concurrent streams.
     stream_interval: int = 1
-    # A client that stops reading its stream (docs/hardening.md, "Slow clients"): once its RPC
+    # A client that stops reading its stream (docs/hardening.md, "Slow consumers"): once its RPC
     # has been stuck in one write (the client's transport window is full) for more than a
     # second with more than this many tokens a sample queued unread, or for more than
     # max_stream_stall seconds (0 = no time bound), the request is aborted (its slot and KV
