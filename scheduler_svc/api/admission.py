@@ -4,22 +4,19 @@ the token count as soon as it is known), then the ids and sampling parameters. N
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import logging
 import time
 
 from scheduler_svc.api.engine_client import EngineClient
 from scheduler_svc.api.prompts import Prompt, TokenIdsPrompt
-from scheduler_svc.api.tokenize_pool import TRIM_AFTER_CHARS, TokenizePool, _num_chars
 from scheduler_svc.api.request_params import RawParams, build_sampling_params
+from scheduler_svc.api.tokenize_pool import TokenizePool
 from scheduler_svc.api.validation import (Limits, SizeLimits, check_prompt, check_prompt_len,
                                           check_prompt_size, check_request_size)
 from scheduler_svc.core.request import SamplingParams
 from scheduler_svc.messages import RequestError
 
 log = logging.getLogger("llmserve.api")
-COLLECT_AFTER_S = 1.0  # (see _collect_soon)
 
 
 class Overloaded(RequestError):
@@ -86,26 +83,6 @@ class Admission:
     async def prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, TokenIdsPrompt):
             return list(prompt.ids)
-        try:
-            encoded = await self.pool.encode(prompt, self.limits.max_model_len - 1)
-        except RequestError:
-            if _num_chars(prompt) >= TRIM_AFTER_CHARS:
-                _collect_soon(self.pool.release_memory)
-            raise
+        encoded = await self.pool.encode(prompt, self.limits.max_model_len - 1)
         check_prompt_len(encoded.num_tokens, self.limits)
         return encoded.token_ids
-
-
-_collection: list[asyncio.TimerHandle] = []  # the one scheduled, if any
-
-
-def _collect_soon(release_memory) -> None:
-    """A refused gRPC request of a few MiB stayed alive in a reference cycle (the refusal's
-    traceback through the RPC's frames: +17 MB of proto and prompt text a request, measured)
-    until the cyclic collector's next full pass; one pass a second at most frees them."""
-    if not _collection:
-        def collect():
-            _collection.clear()
-            gc.collect()
-            release_memory()  # (malloc_trim: glibc keeps freed memory otherwise)
-        _collection.append(asyncio.get_running_loop().call_later(COLLECT_AFTER_S, collect))

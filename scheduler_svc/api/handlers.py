@@ -117,9 +117,10 @@ def _deserializer(request_cls, max_bytes: int) -> Callable[[bytes], object]:
         where = codec.unknown_field(request)
         if where is not None:
             return Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"{where}: field number {where.rpartition('#')[2]} is not a field of this "
-                           f"server's {request_cls.DESCRIPTOR.full_name}; remove it (unknown fields "
-                           "are refused, not ignored, because they might change the output)", len(data))
+                           f"{where}: field number {where.rpartition('#')[2]} is unknown to this "
+                           f"server's {request_cls.DESCRIPTOR.full_name} (a newer client's field, or "
+                           "one sent with the wrong wire type); remove it (unknown fields are refused, "
+                           "not ignored, because they might change the output)", len(data))
         return request
     return parse
 

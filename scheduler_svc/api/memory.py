@@ -13,6 +13,7 @@ import ctypes
 from collections.abc import Callable
 
 TRIM_AFTER_BYTES = 1 << 20
+TRIM_DELAY_S = 0.25
 
 
 def find_malloc_trim() -> Callable[[], None]:
@@ -29,7 +30,9 @@ _trim = find_malloc_trim()
 
 
 def release_after(num_bytes: int) -> None:
-    """Trims the heap on a worker thread (not awaited: never delays the caller) when a request
-    of num_bytes has just ended."""
+    """Trims the heap on a worker thread soon after a request of num_bytes has ended (not
+    awaited: never delays the caller). Soon, not now: when the call's last line runs, grpc and
+    the event loop still hold the request; TRIM_DELAY_S later they have let it go."""
     if num_bytes >= TRIM_AFTER_BYTES:
-        asyncio.get_running_loop().run_in_executor(None, _trim)
+        loop = asyncio.get_running_loop()
+        loop.call_later(TRIM_DELAY_S, loop.run_in_executor, None, _trim)

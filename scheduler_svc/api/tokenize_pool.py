@@ -18,14 +18,13 @@ a context's worth of tokens, not its 2.4 M (~600 MB of encodings).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import jinja2
 
+from scheduler_svc.api.memory import find_malloc_trim
 from scheduler_svc.api.prompts import ChatPrompt, TextPrompt, utf8_len
 from scheduler_svc.api.validation import invalid, prompt_over_context
 from scheduler_svc.core.tokenizer import Tokenizer
@@ -66,7 +65,7 @@ class TokenizePool:
         self._executor = ThreadPoolExecutor(max(1, num_workers), thread_name_prefix="llmserve-tokenize")
         self._max_pending = max_pending
         self._num_pending = 0
-        self.release_memory = self._release_memory = _find_malloc_trim()
+        self._release_memory = find_malloc_trim()
 
     async def encode(self, prompt: TextPrompt | ChatPrompt, max_tokens: int,
                      with_tokens: bool = False) -> Encoded:
@@ -173,13 +172,3 @@ def _num_chars(prompt: TextPrompt | ChatPrompt) -> int:
     if isinstance(prompt, TextPrompt):
         return len(prompt.text)
     return sum(len(m.role) + len(m.content) for m in prompt.messages)
-
-
-def _find_malloc_trim() -> Callable[[], None]:
-    """glibc's malloc_trim(0) (returns the free memory of every arena); a no-op elsewhere."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim  # ctypes releases the GIL around the call
-    except (OSError, AttributeError):
-        return lambda: None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return lambda: trim(0)

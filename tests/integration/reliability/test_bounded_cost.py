@@ -137,8 +137,7 @@ def test_the_largest_prompt_is_refused_untokenized_and_memory_stays(cluster):
         assert err.value.code == 400
         message = json.loads(err.value.read())["error"]["message"]
         assert "the prompt has at least" in message and "context" in message
-    # Each refused gRPC request stays in a reference cycle (~17 MB) until the collection the
-    # refusal schedules a second later (api/admission.py, _collect_soon).
+    # The heap is trimmed a moment after each large request (api/memory.py).
     deadline = time.monotonic() + 5
     while (growth_mb := (_rss_kb(api_pid) - rss_before) / 1024) >= 64 and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -184,7 +184,7 @@ def test_grpc_fields_this_server_does_not_know_are_refused_by_name():
     wire = pb.GenerateRequest(text="hi").SerializeToString() + bytes([0x22, len(params)]) + params
     refused = parse(wire)
     assert isinstance(refused, Refused) and refused.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert refused.message.startswith("params.#99: field number 99 is not a field")
+    assert refused.message.startswith("params.#99: field number 99 is unknown to this")
     chat = pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="x")]))
     turn = pb.ChatMessage(role="user", content="y").SerializeToString() + field_99
     chat_body = chat.chat.SerializeToString() + bytes([0x0A, len(turn)]) + turn

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from scheduler_svc.api.prompts import ChatPrompt, TextPrompt
-from scheduler_svc.api.tokenize_pool import INLINE_MAX_CHARS, TokenizePool, _find_malloc_trim
+from scheduler_svc.api.memory import find_malloc_trim
+from scheduler_svc.api.tokenize_pool import INLINE_MAX_CHARS, TokenizePool
 from scheduler_svc.core.tokenizer import Tokenizer
 from scheduler_svc.messages import RequestError
 
@@ -139,7 +140,7 @@ def test_chat_template_errors_are_the_callers_without_internal_text(tmp_path):
 def test_malloc_trim_is_found_on_glibc():
     import platform
 
-    trim = _find_malloc_trim()
+    trim = find_malloc_trim()
     assert trim() in (None, 0, 1)
     if platform.libc_ver()[0] == "glibc":
         assert trim() in (0, 1)
