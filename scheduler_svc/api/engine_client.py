@@ -15,8 +15,8 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.api.core_process_handle import CoreProcess, CoreStartError, RestartPolicy  # noqa: F401
+from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import SamplingParams
 from scheduler_svc.messages import (ALL, AbortRequest, AddRequest, CoreStats, Outputs,

@@ -5,13 +5,9 @@ parameters are checked by request_params.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from scheduler_svc.api.prompts import Prompt, TextPrompt, TokenIdsPrompt, utf8_len
 from scheduler_svc.messages import RequestError
-
-if TYPE_CHECKING:
-    from scheduler_svc.api.request_params import RawParams
 
 
 def invalid(message: str, param: str | None = None) -> RequestError:
@@ -105,8 +101,9 @@ def check_prompt_size(prompt: Prompt | None, sizes: SizeLimits, limits: Limits) 
                     "--max-prompt-bytes")
 
 
-def check_request_size(raw: RawParams, request_id: str, sizes: SizeLimits) -> None:
-    """Stop conditions, n and the request id, refused before tokenizing."""
+def check_request_size(raw, request_id: str, sizes: SizeLimits) -> None:
+    """Stop conditions, n and the request id (of request_params.RawParams), refused before
+    tokenizing."""
     if raw.n is not None and not 1 <= raw.n <= sizes.max_n:
         raise invalid(f"n={raw.n}: ask for 1 to {sizes.max_n} parallel samples (--max-n)", "n")
     if len(raw.stop) > sizes.max_stop_strings:
