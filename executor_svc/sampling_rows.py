@@ -1,8 +1,15 @@
 """Per-request sampling state beyond temperature/top-k/top-p: the logits processors' scalars
 (host, by row: a step gathers them into its static buffers) and their tables (device, by row:
-the processors gather them on the device). Written once when a request gets its row; a
-request that uses no processor writes only its scalars (tables are read only for rows that
-use them, so stale entries of other rows are harmless).
+the processors gather them on the device). Written once when a request gets its row.
+
+A step that runs the processors runs them over every sampled row, and a row that uses none
+relies on its neutral parameters being exact no-ops: its scalars are always written, and its
+bias and stop-id tables must be neutral too (a bias table is added to the logits whatever the
+scalars say; stop ids are masked while position < min_pos, and min_tokens without stop ids
+uses no processor). A row remembers whether a request since its last reset wrote them
+(`tables_set`); a request that uses no processor resets them then, so a row is never handed on
+with the previous request's logit_bias or stop ids. Counts and the prompt mask need no reset:
+neutral penalties make them no-ops, and a request with penalties rewrites both.
 
 Host-to-device writes go through pinned staging tensors copied non-blocking (a pageable
 copy would wait for the step in flight and break the one-step-ahead overlap); torch's pinned
@@ -35,6 +42,7 @@ class SamplingRows:
         self.logprobs = np.full(s, -1, dtype=np.int64)  # -1 none, k >= 0: top-k
         self.prompt_logprobs = np.full(s, -1, dtype=np.int64)
         self.prompt_len = np.zeros(s, dtype=np.int64)
+        self.tables_set = np.zeros(s, dtype=bool)  # the row's bias/stop tables may be non-neutral
         self.tables = ProcessorTables(
             counts=torch.zeros(s + 1, v, dtype=torch.int32, device=device),
             prompt_mask=torch.zeros(s + 1, v, dtype=torch.bool, device=device),
@@ -52,9 +60,15 @@ class SamplingRows:
         self.uses_processors[row], self.uses_penalties[row] = s.uses_processors, s.uses_penalties
         self.logprobs[row], self.prompt_logprobs[row] = s.logprobs, s.prompt_logprobs
         self.prompt_len[row] = prompt_len
-        if not s.uses_processors:
-            return
         t = self.tables
+        if not s.uses_processors:
+            if self.tables_set[row]:  # the previous request's bias and stop ids: neutral again
+                _set_padded(t.bias_ids[row], [], 0, torch.int64)
+                _set_padded(t.bias_values[row], [], 0.0, torch.float32)
+                _set_padded(t.stop_ids[row], [], -1, torch.int64)
+                self.tables_set[row] = False
+            return
+        self.tables_set[row] = True  # before the writes: a write that raises leaves it set
         _set_padded(t.bias_ids[row], [tok for tok, _ in s.logit_bias], 0, torch.int64)
         _set_padded(t.bias_values[row], [b for _, b in s.logit_bias], 0.0, torch.float32)
         _set_padded(t.stop_ids[row], list(s.min_tokens_stop_ids), -1, torch.int64)

@@ -216,3 +216,44 @@ def test_each_processor_alone_matches_reference(model_dirs, hf_models, name):
     assert got[1] == reference_tokens(hf, PROMPTS[1], s, NUM_STEPS)
     plain = SamplerParams(temperature=s.temperature, seed=s.seed)
     assert got[1] != reference_tokens(hf, PROMPTS[1], plain, NUM_STEPS), "the processor changed nothing"
+
+
+def _row_reuse_tokens(runner: ModelRunner, first: SamplerParams | None, params: SamplerParams,
+                      steps: int = 12) -> list[int]:
+    """Request 2's tokens when it gets the row `first` (request 1) just left (None: it runs
+    alone), while request 3, with a penalty (the processors run for the whole step), is in the
+    batch for its steps 4-8."""
+    prompt = PROMPTS[2]
+    if first is not None:
+        runner.execute(StepPlan(1, [NewRequestData(1, PROMPTS[1], first, [30, 31], 0, len(PROMPTS[1]))]))
+        row = runner.batch.requests[1].row
+    out = runner.execute(StepPlan(2, [NewRequestData(2, prompt, params, [1, 2, 3], 0, len(prompt))],
+                                  finished_req_ids=[1] if first is not None else []))
+    if first is not None:
+        assert runner.batch.requests[2].row == row  # the row and its tables were request 1's
+    got = [out.sampled()[2]]
+    penalty = SamplerParams(presence_penalty=0.5)
+    for step in range(3, steps + 2):
+        new = [NewRequestData(3, PROMPTS[3], penalty, [40], 0, len(PROMPTS[3]))] if step == 4 else []
+        ids = [2, 3] if 4 < step <= 8 else [2]
+        out = runner.execute(StepPlan(step, new, decode_rows(ids), finished_req_ids=[3] if step == 9 else []))
+        got.append(out.sampled()[2])
+    return got
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("leak", ["logit_bias", "stop_ids"])
+def test_reused_row_keeps_no_processor_tables_of_its_last_request(model_dirs, leak, graphs):
+    """A request that uses no processor gets the row of one that did (a finished row is the
+    next one given): when another row makes the step run the processors, the previous
+    request's bias table (logit_bias 5: +100) or stop ids (masked while min_tokens, which a
+    request with min_tokens but no stop ids also has) must not apply to it. Seeded: token-exact
+    with running alone. (Found as a seeded gRPC stream turning to token 5 for 5 steps beside a
+    hostile logit_bias request.)"""
+    path = model_dirs[ARCH]
+    make = (lambda: graph_runner(path)) if graphs else (lambda: make_runner(path))
+    params = SamplerParams(temperature=0.9, seed=11, min_tokens=20 if leak == "stop_ids" else 0)
+    alone = _row_reuse_tokens(make(), None, params)
+    first = (SamplerParams(logit_bias=((5, 100.0),)) if leak == "logit_bias" else
+             SamplerParams(min_tokens=30, min_tokens_stop_ids=tuple(sorted(set(alone)))))
+    assert _row_reuse_tokens(make(), first, params) == alone
