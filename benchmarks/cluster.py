@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -40,11 +42,15 @@ def free_ports(n: int) -> list[int]:
 class Cluster:
     """An executor and a scheduler process serving one model folder. They share a fresh
     internal token (`internal_token`, passed as the launcher passes it); the executor listens
-    on `executor_address`."""
+    on `executor_address`. With `http`, the scheduler also serves the OpenAI-compatible HTTP API
+    on `http_port` (`http_url`), answering /health before the cluster is returned."""
 
     def __init__(self, model: Path, log_dir: Path, executor_args=(), scheduler_args=(),
-                 timeout: float = 120, executor_module: str = "executor_svc"):
-        self.port, executor_port = free_ports(2)
+                 timeout: float = 120, executor_module: str = "executor_svc", http: bool = False):
+        self.port, executor_port, self.http_port = free_ports(3)
+        self.http_url = f"http://127.0.0.1:{self.http_port}" if http else None
+        if http:
+            scheduler_args = ["--http-port", str(self.http_port), *scheduler_args]
         self.internal_token = secrets.token_urlsafe(32)
         self.executor_address = f"127.0.0.1:{executor_port}"
         env = services_env({**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, self.internal_token)
@@ -79,12 +85,22 @@ class Cluster:
                     raise RuntimeError(f"a service exited early:\n{self.logs()}")
             try:
                 r = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                if r.status == health_pb2.HealthCheckResponse.SERVING and self._http_up():
                     return
             except grpc.RpcError:
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"services not serving after {timeout}s:\n{self.logs()}")
+
+    def _http_up(self) -> bool:
+        """True without the HTTP API, else once /health answers (it starts just after gRPC)."""
+        if self.http_url is None:
+            return True
+        try:
+            urllib.request.urlopen(self.http_url + "/health", timeout=2)
+            return True
+        except (urllib.error.URLError, ConnectionError):
+            return False
 
     def restart_executor(self) -> None:
         """Kills the executor process and starts a fresh one on the same port."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import traceback
 import uuid
 from collections.abc import Callable
 
@@ -178,6 +179,8 @@ def _guard(method, rpc: str):
                 raise
             finally:
                 _ended(record, context, error, request)
+                _let_go(error)
+                error = request = None
         return stream
 
     async def unary(request, context):
@@ -196,4 +199,16 @@ def _guard(method, rpc: str):
             raise
         finally:
             _ended(record, context, error, request)
+            _let_go(error)
+            error = request = None
     return unary
+
+
+def _let_go(error: BaseException | None) -> None:
+    """Clears the locals of the frames an ending call's error holds. grpc keeps an abort's
+    AbortError on the call's RPCState, which its context (a local of those frames) holds back:
+    a cycle the collector does not break, that kept every refused request alive (a 4 MiB
+    prompt: ~18 MB of proto and text each, measured, until an unrelated collection)."""
+    while error is not None:
+        traceback.clear_frames(error.__traceback__)  # (the executing frame is skipped)
+        error = error.__cause__ or error.__context__

@@ -33,9 +33,9 @@ def hf_greedy(model_dirs):
     return run
 
 
-def start_cluster(tmp_path_factory, model, name, executor_args=(), scheduler_args=()):
+def start_cluster(tmp_path_factory, model, name, executor_args=(), scheduler_args=(), http=False):
     return Cluster(model, tmp_path_factory.mktemp(f"logs-{name}"), ["--device", "cpu", *executor_args],
-                   scheduler_args)
+                   scheduler_args, http=http)
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,12 @@
 
 import re
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 
-from benchmarks.cluster import free_port
+
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from scheduler_svc.api.access_log import parse_line
 from tests.integration.conftest import start_cluster
@@ -23,20 +21,7 @@ LINE = re.compile(r"^\S+ \S+ scheduler\[\d+\] ([A-Z]+) llmserve\.access: (.*)$",
 
 
 def _start(model_dirs, tmp_path_factory, name, *flags):
-    http_port = free_port()
-    cluster = start_cluster(tmp_path_factory, model_dirs["llama"], name, (),
-                            ["--http-port", str(http_port), *flags])
-    cluster.http_url = f"http://127.0.0.1:{http_port}"
-    deadline = time.monotonic() + 30
-    while True:  # the HTTP server starts just after the gRPC one
-        try:
-            urllib.request.urlopen(cluster.http_url + "/health", timeout=2)
-            return cluster
-        except (urllib.error.URLError, ConnectionError):
-            if time.monotonic() > deadline:
-                cluster.stop()
-                raise
-            time.sleep(0.1)
+    return start_cluster(tmp_path_factory, model_dirs["llama"], name, (), list(flags), http=True)
 
 
 def _lines(cluster) -> list[tuple[str, dict]]:

@@ -11,19 +11,8 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from tests.integration.http.test_openai_http import API_KEY, _post, cluster  # noqa: E402,F401
-
-
-@pytest.fixture(scope="module")
-def client(cluster):  # noqa: F811
-    with openai.OpenAI(base_url=cluster.http_url + "/v1", api_key=API_KEY, max_retries=0,
-                       timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model_name(client):
-    return client.models.list().data[0].id
+from tests.integration.http.conftest import API_KEY  # noqa: E402
+from tests.integration.http.test_openai_http import _post  # noqa: E402
 
 
 def _greedy(client, model_name):
@@ -105,7 +94,7 @@ def test_models_by_id(client, model_name):
 
 @pytest.mark.parametrize("method, path", [("GET", "/v1/embeddings"), ("POST", "/v1/embeddings"),
                                           ("POST", "/v1/responses"), ("GET", "/nope")])
-def test_unknown_routes_are_404_in_openai_shape(cluster, method, path):  # noqa: F811
+def test_unknown_routes_are_404_in_openai_shape(cluster, method, path):
     req = urllib.request.Request(cluster.http_url + path, method=method, data=b"{}" if method == "POST" else None,
                                  headers={"authorization": f"Bearer {API_KEY}", "content-type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as e:
@@ -115,6 +104,6 @@ def test_unknown_routes_are_404_in_openai_shape(cluster, method, path):  # noqa:
     assert path in body["error"]["message"]
 
 
-def test_wrong_method_is_405_in_openai_shape(cluster):  # noqa: F811
+def test_wrong_method_is_405_in_openai_shape(cluster):
     status, body = _post(cluster, "/v1/models", {})
     assert status == 405 and "message" in body["error"]

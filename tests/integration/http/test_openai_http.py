@@ -11,45 +11,9 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from benchmarks.cluster import Cluster, free_port  # noqa: E402
-from executor_svc.random_model import build_random_model  # noqa: E402
 from protos.llmserve.v1 import llmserve_pb2 as pb  # noqa: E402
 
-API_KEY = "test-http-key"
-AUTH = (("authorization", f"Bearer {API_KEY}"),)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    model = build_random_model(tmp_path_factory.mktemp("http-model") / "llama", "tiny-llama", seed=0)
-    http_port = free_port()
-    c = Cluster(model, tmp_path_factory.mktemp("logs-http"), ["--device", "cpu"],
-                ["--http-port", str(http_port), "--api-key", API_KEY])
-    c.http_url = f"http://127.0.0.1:{http_port}"
-    deadline = time.monotonic() + 30
-    while True:  # the HTTP server starts just after the gRPC one
-        try:
-            urllib.request.urlopen(c.http_url + "/health", timeout=2)
-            break
-        except (urllib.error.URLError, ConnectionError):
-            if time.monotonic() > deadline:
-                c.stop()
-                raise
-            time.sleep(0.1)
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def client(cluster):
-    with openai.OpenAI(base_url=cluster.http_url + "/v1", api_key=API_KEY, max_retries=0,
-                       timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model_name(client):
-    return client.models.list().data[0].id
+from tests.integration.http.conftest import API_KEY, AUTH  # noqa: E402
 
 
 def _status(cluster):

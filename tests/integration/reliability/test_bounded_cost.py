@@ -16,7 +16,7 @@ import urllib.request
 import grpc
 import pytest
 
-from benchmarks.cluster import free_port, generate
+from benchmarks.cluster import generate
 from benchmarks.slow_readers import SMALL_WINDOW
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
@@ -29,10 +29,7 @@ NORMAL = dict(prompt_ids=[9, 8, 7], max_tokens=40, temperature=0.0, ignore_eos=T
 
 @pytest.fixture(scope="module")
 def cluster(model_dirs, tmp_path_factory):
-    http_port = free_port()
-    c = start_cluster(tmp_path_factory, model_dirs["llama"], "bounded", scheduler_args=[
-        "--http-port", str(http_port)])  # every limit at its default
-    c.http_port = http_port
+    c = start_cluster(tmp_path_factory, model_dirs["llama"], "bounded", http=True)  # every limit at its default
     yield c
     c.stop()
 

@@ -24,8 +24,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -33,7 +31,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from benchmarks.cluster import Cluster, free_port, generate
+from benchmarks.cluster import Cluster, generate
 from tests.integration.reliability.fuzz_corpus import GRPC_CASES, HTTP_CASES, GrpcCase, HttpCase
 from tests.integration.reliability.fuzz_judge import judge_grpc, judge_http, send_grpc, send_http
 
@@ -57,20 +55,7 @@ BATCH_SIZE = 48
 
 @pytest.fixture(scope="module")
 def cluster(model_dirs, tmp_path_factory):
-    http_port = free_port()
-    c = Cluster(model_dirs["llama"], tmp_path_factory.mktemp("logs-fuzz-doors"), ["--device", "cpu"],
-                ["--http-port", str(http_port)])
-    c.http_url = f"http://127.0.0.1:{http_port}"
-    deadline = time.monotonic() + 30
-    while True:  # the HTTP server starts just after the gRPC one
-        try:
-            urllib.request.urlopen(c.http_url + "/health", timeout=2)
-            break
-        except (urllib.error.URLError, ConnectionError):
-            if time.monotonic() > deadline:
-                c.stop()
-                raise
-            time.sleep(0.1)
+    c = Cluster(model_dirs["llama"], tmp_path_factory.mktemp("logs-fuzz-doors"), ["--device", "cpu"], http=True)
     yield c
     c.stop()
 

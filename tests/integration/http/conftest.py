@@ -1,0 +1,32 @@
+"""The cluster of the OpenAI-compatible HTTP tests: both real services on a tiny random model,
+with an API key; one for the package (test_openai_http.py and test_openai_door.py share it)."""
+
+import pytest
+
+from benchmarks.cluster import Cluster
+from executor_svc.random_model import build_random_model
+
+API_KEY = "test-http-key"
+AUTH = (("authorization", f"Bearer {API_KEY}"),)
+
+
+@pytest.fixture(scope="package")
+def cluster(tmp_path_factory):
+    model = build_random_model(tmp_path_factory.mktemp("http-model") / "llama", "tiny-llama", seed=0)
+    c = Cluster(model, tmp_path_factory.mktemp("logs-http"), ["--device", "cpu"], ["--api-key", API_KEY],
+                http=True)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="package")
+def client(cluster):
+    openai = pytest.importorskip("openai")
+    with openai.OpenAI(base_url=cluster.http_url + "/v1", api_key=API_KEY, max_retries=0,
+                       timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="package")
+def model_name(client):
+    return client.models.list().data[0].id
