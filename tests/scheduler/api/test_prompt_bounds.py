@@ -9,22 +9,13 @@ import pytest
 
 from scheduler_svc.api.prompts import ChatPrompt, TextPrompt
 from scheduler_svc.api.tokenize_pool import MIN_PREFIX_CHARS, TokenizePool
-from scheduler_svc.core.tokenizer import Tokenizer, max_token_bytes
+from scheduler_svc.core.tokenizer import max_token_bytes
 from scheduler_svc.messages import RequestError
 
 
 class Turn:
     def __init__(self, role, content):
         self.role, self.content = role, content
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    from executor_svc.random_model import build_tokenizer
-
-    folder = tmp_path_factory.mktemp("tok")
-    build_tokenizer(folder, vocab_size=512, max_model_len=2048)
-    return Tokenizer(folder)
 
 
 class Counting:

@@ -19,15 +19,6 @@ class Turn:
         self.role, self.content = role, content
 
 
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    from executor_svc.random_model import build_tokenizer
-
-    folder = tmp_path_factory.mktemp("tok")
-    build_tokenizer(folder, vocab_size=512, max_model_len=2048)
-    return Tokenizer(folder)
-
-
 def _large_text(num_words: int) -> str:
     rng = random.Random(0)
     words = "The quick brown fox jumps over the lazy dog café 日本語 emoji 🚀 serving".split()
