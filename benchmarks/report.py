@@ -81,6 +81,7 @@ def rows(out_dir: Path) -> list[tuple[str, str, str]]:
     if w7.get("ttft_p50_speedup"):
         r.append(("W7 TTFT p50 off / on", f"{w7['ttft_p50_speedup']:.1f}x", "targets: hit rate >= 85%, >= 4x"))
     r += _w2ab_rows(_load(out_dir, "w2ab"))
+    r += _ab_rows(_load(out_dir, "ab"))
     r += _w6_rows(_load(out_dir, "w6"))
     r += w8_fp8.rows(_load(out_dir, "w8"), full)
     r += spec_bench.rows(_load(out_dir, "spec"))
@@ -131,6 +132,19 @@ def _w2ab_rows(w2ab: dict) -> list[tuple[str, str, str]]:
             r.append((f"W2 in-process, {name} on every request", f"{feat[key + '_median'] / base - 1:+.1%}",
                       f"{feat[key + '_median']:,.0f} tok/s vs {base:,.0f} off"))
     return r
+
+
+def _ab_rows(ab: dict) -> list[tuple[str, str, str]]:
+    """Both services, old tree vs this one alternating: medians and the new/old ratio."""
+    ok = [x for x in ab.get("rows", []) if "w1" in x]
+    med = {label: (statistics.median(x["w1"]["tpot_ms"] for x in ok if x["tree"] == label),
+                   statistics.median(x["w2"]["tok_s"] for x in ok if x["tree"] == label))
+           for label in ("old", "new") if any(x["tree"] == label for x in ok)}
+    if len(med) < 2:
+        return []
+    (w1o, w2o), (w1n, w2n) = med["old"], med["new"]
+    return [("A-B W1 TPOT new / old", f"{w1n / w1o:.3f}x", f"{w1n:.3f} vs {w1o:.3f} ms"),
+            ("A-B W2 tok/s new / old", f"{w2n / w2o:.3f}x", f"{w2n:,.0f} vs {w2o:,.0f} tok/s")]
 
 
 def _smol_rows(smol: dict) -> list[tuple[str, str, str]]:

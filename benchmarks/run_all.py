@@ -24,7 +24,8 @@ from benchmarks.harness import (
     runner_for_folder,
 )
 
-SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w6", "w8", "spec")
+SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab", "ab", "w6", "w8", "spec")
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "ab")  # ab needs OLD_TREE
 OLD_TREE = Path(".old/base")  # a checkout of the commit to compare with (w2ab), if present
 
 def section_w4(out: dict) -> None:
@@ -178,6 +179,18 @@ def section_w2ab(out: dict) -> None:
     out["rows"] = rows
 
 
+def section_ab(out: dict) -> None:
+    """W1 and W2 through both services, OLD_TREE and this tree alternating twice
+    (benchmarks/ab_full.py: each tree runs its own code)."""
+    from benchmarks import ab_full
+
+    model_path("llama-1b")
+    if not OLD_TREE.exists():
+        raise SystemExit(f"section ab needs a checkout of the commit to compare with in {OLD_TREE}")
+    out["rows"] = [{"tree": label, "round": r, **ab_full.run_tree(tree)}
+                   for r in range(2) for label, tree in (("old", OLD_TREE), ("new", Path(".")))]
+
+
 def run_section(name: str, out_dir: Path) -> None:
     out: dict = {}
     t = time.perf_counter()
@@ -196,7 +209,7 @@ def run_section(name: str, out_dir: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--sections", default=",".join(SECTIONS))
+    p.add_argument("--sections", default=",".join(DEFAULT_SECTIONS))
     p.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section here
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

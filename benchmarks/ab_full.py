@@ -1,0 +1,70 @@
+"""W1 and W2 through both services, two trees alternating (A-B-A-B) in one call, each tree
+running its own code (its own benchmarks.harness): lent machines differ by 30% or more, so a
+change is measured against the previous commit in the same call and quoted as a ratio.
+
+    python benchmarks/ab_full.py OLD_TREE NEW_TREE [--rounds 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+# Run inside a tree: its own harness, workloads and services (stdout's last line is the JSON).
+ONE_RUN = """
+import json, sys, tempfile
+from pathlib import Path
+from benchmarks import workloads
+from benchmarks.harness import _full_system_run, model_path
+model = model_path("llama-1b")
+runs = {"w1": (workloads.w1(), 0.0), "w2": (workloads.w2(), 0.6)}
+out = _full_system_run(model, Path(tempfile.mkdtemp()), [], runs)
+print("ABRUN " + json.dumps(out))
+"""
+
+
+def run_tree(tree: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", ONE_RUN], cwd=tree, capture_output=True, text=True,
+                          timeout=600, env={"PYTHONPATH": str(tree.resolve()), **_env()})
+    line = next((x for x in done.stdout.splitlines() if x.startswith("ABRUN ")), None)
+    if line is None:
+        return {"error": (done.stdout + done.stderr)[-800:]}
+    return json.loads(line[6:])
+
+
+def _env() -> dict:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("old", type=Path)
+    p.add_argument("new", type=Path)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    rows = []
+    for round_ in range(args.rounds):
+        for label, tree in (("old", args.old), ("new", args.new)):
+            r = run_tree(tree)
+            rows.append({"tree": label, "round": round_, **r})
+            if "error" in r:
+                print(f"{label} round {round_}: failed\n{r['error']}", flush=True)
+                continue
+            w1, w2 = r["w1"], r["w2"]
+            print(f"AB {label} r{round_}: W1 TPOT {w1['tpot_ms']:.3f} ms (launch "
+                  f"{w1['per_step'].get('executor_launch_us', 0):.0f} us, device {w1['per_step']['device_us']:.0f} us) "
+                  f"| W2 {w2['tok_s']:,.0f} tok/s (launch {w2['per_step'].get('executor_launch_us', 0):.0f} us, "
+                  f"schedule {w2['per_step'].get('schedule_us', 0):.0f}, apply {w2['per_step'].get('apply_us', 0):.0f})",
+                  flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
