@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,17 +29,19 @@ print("ABRUN " + json.dumps(out))
 
 def run_tree(tree: Path) -> dict:
     done = subprocess.run([sys.executable, "-c", ONE_RUN], cwd=tree, capture_output=True, text=True,
-                          timeout=600, env={"PYTHONPATH": str(tree.resolve()), **_env()})
+                          timeout=600, env=_env(tree))
     line = next((x for x in done.stdout.splitlines() if x.startswith("ABRUN ")), None)
     if line is None:
         return {"error": (done.stdout + done.stderr)[-800:]}
     return json.loads(line[6:])
 
 
-def _env() -> dict:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+def _env(tree: Path) -> dict:
+    """This environment with `tree` first on PYTHONPATH, in place of this tree (the wheels
+    gpu_suite.sh installs stay on it)."""
+    here = str(Path(__file__).resolve().parents[1])
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != Path(here)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree.resolve()), *rest])}
 
 
 def main() -> None:
