@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -181,14 +182,15 @@ def section_w2ab(out: dict) -> None:
 
 def section_ab(out: dict) -> None:
     """W1 and W2 through both services, OLD_TREE and this tree alternating twice
-    (benchmarks/ab_full.py: each tree runs its own code)."""
+    (AB_ROUNDS times, default 2; benchmarks/ab_full.py: each tree runs its own code)."""
     from benchmarks import ab_full
 
     model_path("llama-1b")
     if not OLD_TREE.exists():
         raise SystemExit(f"section ab needs a checkout of the commit to compare with in {OLD_TREE}")
+    rounds = int(os.environ.get("AB_ROUNDS", "2"))
     out["rows"] = [{"tree": label, "round": r, **ab_full.run_tree(tree)}
-                   for r in range(2) for label, tree in (("old", OLD_TREE), ("new", Path(".")))]
+                   for r in range(rounds) for label, tree in (("old", OLD_TREE), ("new", Path(".")))]
 
 
 def run_section(name: str, out_dir: Path) -> None:
