@@ -109,8 +109,11 @@ class Cluster:
         self.procs[0] = subprocess.Popen(self._executor_cmd, cwd=ROOT, env=self._env,
                                          stdout=self._logs[0], stderr=subprocess.STDOUT)
 
-    def logs(self) -> str:
-        return "\n".join(f"--- {f.name}\n{Path(f.name).read_text()[-4000:]}" for f in self._logs)
+    def logs(self, tail: int | None = 4000) -> str:
+        """Both services' logs, the last `tail` characters of each (None: all of them, for tests
+        that look for a line: one access line a request soon pushes it out of the tail)."""
+        return "\n".join(f"--- {f.name}\n{Path(f.name).read_text()[-tail if tail else 0:]}"
+                         for f in self._logs)
 
     def status(self) -> pb.GetServerStatusResponse:
         return self.stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=10)

@@ -208,4 +208,4 @@ def test_served_from_the_cached_conversion(cluster, smollm2_gguf):
     info = cluster.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     assert info.model_name == smollm2_gguf.stem == "SmolLM2-135M-Instruct.Q4_1"
     assert (info.vocab_size, list(info.eos_token_ids)) == (49152, [EOS])
-    assert "using the converted model" in cluster.logs()
+    assert "using the converted model" in cluster.logs(tail=None)

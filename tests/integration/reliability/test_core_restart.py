@@ -72,7 +72,7 @@ def test_a_sigkilled_engine_core_is_restarted_and_serves_again(model_dirs, tmp_p
         assert new_core != core and cluster.procs[1].poll() is None
         ids, _, _ = generate(cluster.stub, prompt_ids=PROMPT, max_tokens=8, temperature=0.0, ignore_eos=True)
         assert ids == reference
-        logs = cluster.logs()
+        logs = cluster.logs(tail=None)
         lines = [line for line in logs.splitlines() if "llmserve.engine: the engine core process" in line]
         assert len(lines) == 1, logs
         assert lines[0].endswith("the engine core process exited with code -9 (SIGKILL); restarting it; "
@@ -81,4 +81,4 @@ def test_a_sigkilled_engine_core_is_restarted_and_serves_again(model_dirs, tmp_p
     finally:
         cluster.stop()
     assert [p.returncode for p in cluster.procs] == [0, 0], cluster.logs()
-    assert "exiting with code 0: stopped by SIGTERM" in cluster.logs()
+    assert "exiting with code 0: stopped by SIGTERM" in cluster.logs(tail=None)
