@@ -88,15 +88,16 @@ def test_a_never_reading_sse_stream_is_cut(cluster):
 
 
 def test_a_fast_reader_of_a_long_generation_is_never_cut(cluster):
-    ids, _, last = generate(cluster.stub, prompt_ids=[4, 5, 6], max_tokens=2000, temperature=0.0,
+    # 4x the default --max-stream-backlog (256): a reader that keeps up is never behind it
+    ids, _, last = generate(cluster.stub, prompt_ids=[4, 5, 6], max_tokens=1024, temperature=0.0,
                             ignore_eos=True)
-    assert len(ids) == 2000 and last.finish_reason == pb.FINISH_REASON_LENGTH
+    assert len(ids) == 1024 and last.finish_reason == pb.FINISH_REASON_LENGTH
     with urllib.request.urlopen(urllib.request.Request(
             f"http://127.0.0.1:{cluster.http_port}/v1/completions", json.dumps({
-                "prompt": "hello", "max_tokens": 2000, "stream": True, "ignore_eos": True}).encode(),
+                "prompt": "hello", "max_tokens": 1024, "stream": True, "ignore_eos": True}).encode(),
             {"content-type": "application/json"}), timeout=120) as response:
         events = [line for line in response.read().decode().splitlines() if line.startswith("data: {")]
-    assert len(events) >= 2000 // 64 and json.loads(events[-1][6:])["choices"][0]["finish_reason"] == "length"
+    assert len(events) >= 1024 // 64 and json.loads(events[-1][6:])["choices"][0]["finish_reason"] == "length"
 
 
 def _rss_kb(pid: int) -> int:

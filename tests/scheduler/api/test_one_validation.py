@@ -17,9 +17,9 @@ from starlette.testclient import TestClient
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from scheduler_svc.api.admission import Admission
+from scheduler_svc.api.grpc.servicer import LLMServeServicer
 from scheduler_svc.api.http.app import build_app
 from scheduler_svc.api.http.context import HttpContext
-from scheduler_svc.api.servicer import LLMServeServicer
 from scheduler_svc.api.tokenize_pool import TokenizePool
 from scheduler_svc.api.validation import SizeLimits
 from scheduler_svc.core.tokenizer import Tokenizer
@@ -72,7 +72,7 @@ def bodies(fields: dict, base: dict) -> st.SearchStrategy:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from executor_svc.random_model import build_tokenizer
+    from executor_svc.model_loader.random_model import build_tokenizer
 
     folder = tmp_path_factory.mktemp("tok")
     build_tokenizer(folder, vocab_size=INFO.vocab_size, max_model_len=INFO.max_model_len)
@@ -99,13 +99,13 @@ def _check_http(client, path: str, body: dict) -> None:
     assert error["param"].split(".")[0] in body, f"param {error['param']!r} was not sent: {body}"
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=bodies(COMPLETION_FIELDS, {"prompt": [5, 6, 7], "max_tokens": 4}))
 def test_completions_bodies_are_refused_by_name_or_run(http, body):
     _check_http(http[0], "/v1/completions", body)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=bodies(CHAT_FIELDS, {"messages": [{"role": "user", "content": "hi"}]}))
 def test_chat_bodies_are_refused_by_name_or_run(http, body):
     _check_http(http[0], "/v1/chat/completions", body)
@@ -155,7 +155,7 @@ def grpc_servicer(tokenizer):
     pool.close()
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fields=st.lists(st.sampled_from(sorted(GRPC_FIELDS)), max_size=5, unique=True).flatmap(
     lambda names: st.fixed_dictionaries({k: GRPC_FIELDS[k] for k in names})))
 def test_grpc_params_are_refused_by_name_or_run(grpc_servicer, fields):
@@ -174,7 +174,7 @@ def test_grpc_params_are_refused_by_name_or_run(grpc_servicer, fields):
 
 def test_grpc_fields_this_server_does_not_know_are_refused_by_name():
     """A newer client's field (a number our proto lacks) is refused, not silently dropped."""
-    from scheduler_svc.api.handlers import Refused, _deserializer
+    from scheduler_svc.api.grpc.handlers import Refused, _deserializer
 
     parse = _deserializer(pb.GenerateRequest, 1 << 20)
     known = pb.GenerateRequest(text="hi", params=pb.SamplingParams(max_tokens=3))
