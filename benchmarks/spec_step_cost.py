@@ -23,10 +23,11 @@ from pathlib import Path
 from unittest import mock
 
 from benchmarks.inprocess import InProcessTransport
-from scheduler_svc.core import spec_gate
+from llmserve.speculative import SpecDecodeConfig
 from scheduler_svc.core.request import Request, SamplingParams
 from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig
-from scheduler_svc.core.spec_decode import NgramIndex, SpecDecodeConfig
+from scheduler_svc.core.spec import gate as spec_gate
+from scheduler_svc.core.spec.ngram import NgramIndex
 from scheduler_svc.engine.step_loop import LoopTimings, StepLoop
 
 SPEC = SpecDecodeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=1)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from dataclasses import dataclass, field
+from functools import partial
+
+from llmserve.env import env_default
+from llmserve.limits import MAX_LOGPROBS
+from llmserve.speculative import executor_flag
 
 ENV_PREFIX = "LLMSERVE_EXECUTOR_"
 # One secret for both services (the launcher and docker-compose set it); the service's own
@@ -41,7 +45,7 @@ class ExecutorConfig:
     # norm + qkv, silu + down, o_proj, lm_head) instead of cuBLAS + separate norm / activation;
     # 0 = off. 1 by default: measured faster at 1 row only (docs/kernels.md)
     skinny_max_tokens: int = 1
-    max_logprobs: int = 20  # most top alternatives a request may ask per position (vLLM's name)
+    max_logprobs: int = MAX_LOGPROBS  # most top alternatives a request may ask per position (vLLM's name)
     # "fp8": quantize every linear weight of an unquantized checkpoint to e4m3 at load, per
     # output channel (vLLM's flag); "" = as the checkpoint is (an FP8 checkpoint is FP8 anyway)
     quantization: str = ""
@@ -167,31 +171,6 @@ def _kv_cache_dtype(text) -> str:
     raise argparse.ArgumentTypeError(f"must be auto, fp8 or fp8_e4m3, got {text!r}")
 
 
-def speculative_draft(text) -> tuple[str, int]:
-    """--speculative-config (vLLM's JSON, the scheduler's flag too) -> (draft model, k): the
-    executor's part, a draft model for method draft_model (inferred when "model" is given),
-    ("", 0) for ngram or off. The scheduler checks the rest of it (core/spec_decode.py)."""
-    text = str(text).strip()
-    if not text:
-        return "", 0
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    method = raw.get("method", "draft_model" if "model" in raw else "ngram")
-    if method != "draft_model":
-        return "", 0
-    model, k = raw.get("model"), raw.get("num_speculative_tokens")
-    if not isinstance(model, str) or not model.strip():
-        raise argparse.ArgumentTypeError(f"method draft_model needs \"model\" (the draft's folder or "
-                                         f"GGUF file), got {model!r}")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise argparse.ArgumentTypeError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
-    return model, k
-
-
 def _positive(text) -> int:
     value = int(text)
     if value < 1:
@@ -199,8 +178,7 @@ def _positive(text) -> int:
     return value
 
 
-def _env(flag: str, default):
-    return os.environ.get(ENV_PREFIX + flag.upper().replace("-", "_"), default)
+_env = partial(env_default, ENV_PREFIX)  # LLMSERVE_EXECUTOR_<FLAG> as the default's type (llmserve/env.py)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -230,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
         "run eagerly")
     add("skinny-max-tokens", _skinny, 1, "decode steps of at most this many tokens (0-16) use the "
         "fused skinny GEMM kernels on CUDA; 0 = cuBLAS always")
-    add("max-logprobs", int, 20, "most top alternatives per position a request may ask for "
+    add("max-logprobs", int, MAX_LOGPROBS, "most top alternatives per position a request may ask for "
         "(logprobs, prompt_logprobs); decode graphs extract this many when a request asks")
     add("quantization", _quantization, "", "fp8 = quantize the linear weights to float8 e4m3 at load "
         "(per output channel); none = as the checkpoint is (FP8 checkpoints load as FP8 anyway)")
@@ -238,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
         "fp8_e4m3) = float8 e4m3 with per-layer scales, twice the blocks in the same memory")
     add("tensor-parallel-size", _positive, 1, "ranks (devices) the model is split over: attention "
         "heads, MLP rows and vocabulary; 1 = one device")
-    add("speculative-config", speculative_draft, "", "speculative decoding as vLLM's JSON; the "
+    add("speculative-config", executor_flag, "", "speculative decoding as vLLM's JSON; the "
         "executor reads the draft model of method draft_model, e.g. '{\"model\": \"/draft\", "
         "\"num_speculative_tokens\": 4}' (n-gram configs: nothing to load here)")
     add("internal-token", str, os.environ.get(SHARED_TOKEN_ENV, ""),
@@ -253,5 +231,5 @@ def _parser() -> argparse.ArgumentParser:
 
 def switch(p: argparse.ArgumentParser, flag: str, help_: str) -> None:
     """A boolean flag, on when given or when LLMSERVE_EXECUTOR_<FLAG> is 1/true/yes/on."""
-    on = str(_env(flag, "")).lower() in ("1", "true", "yes", "on")
+    on = _env(flag, False)
     p.add_argument(f"--{flag}", action="store_true", default=on, help=help_)

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shlex
 import sys
+
+from llmserve.speculative import names_draft_model
 
 # The internal token's variables: the shared one, then each service's own (which would win).
 TOKEN_ENV = ("LLMSERVE_INTERNAL_TOKEN", "LLMSERVE_EXECUTOR_INTERNAL_TOKEN", "LLMSERVE_SCHEDULER_INTERNAL_TOKEN")
@@ -149,17 +150,6 @@ def commands(args: argparse.Namespace, http_api: bool | None = None) -> tuple[li
         print("llmserve: this scheduler has no HTTP API; --http-port is ignored", file=sys.stderr, flush=True)
     scheduler += [*_passed_on(args, SCHEDULER_FLAGS), *shlex.split(args.scheduler_args)]
     return executor, scheduler
-
-
-def names_draft_model(text: str) -> bool:
-    """Whether a --speculative-config asks for a draft model (method draft_model, or a "model"
-    without a method, as vLLM infers): then the executor needs it too (it loads the draft).
-    Anything unreadable goes to the scheduler alone, which refuses it with the reason."""
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(raw, dict) and raw.get("method", "draft_model" if "model" in raw else "ngram") == "draft_model"
 
 
 def services_env(base, token: str) -> dict[str, str]:

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
+from functools import partial
+
+from llmserve.env import env_default
+from llmserve.limits import MAX_STOP_TOKEN_IDS
+from llmserve.speculative import scheduler_flag
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ class SchedulerConfig:
     max_chat_messages: int = 1024
     max_stop_strings: int = 16
     max_stop_bytes: int = 4096
-    max_stop_token_ids: int = 256
+    max_stop_token_ids: int = MAX_STOP_TOKEN_IDS
     # Most parallel samples (n) of one request (OpenAI's limit; vLLM has none). All n must fit
     # in the KV cache at once (they share the prompt's blocks).
     max_n: int = 128
@@ -95,13 +100,7 @@ class SchedulerConfig:
     disable_log_requests: bool = False
 
 
-def _env(name: str, default):
-    value = os.environ.get(f"LLMSERVE_SCHEDULER_{name}")
-    if value is None:
-        return default
-    if isinstance(default, bool):
-        return value.lower() in ("1", "true", "yes", "on")
-    return type(default)(value)
+_env = partial(env_default, "LLMSERVE_SCHEDULER_")  # LLMSERVE_SCHEDULER_<FLAG> as the default's type
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=_env("ENABLE_PREFIX_CACHING", d.enable_prefix_caching),
                    help="reuse the KV blocks of a prompt prefix already computed "
                         "(default on; --no-enable-prefix-caching turns it off)")
-    p.add_argument("--speculative-config", type=_speculative_config,
+    p.add_argument("--speculative-config", type=scheduler_flag,
                    default=_env("SPECULATIVE_CONFIG", d.speculative_config),
                    help="speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", "
                         "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, "
@@ -214,16 +213,6 @@ def _add_api_boundary_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> N
     p.add_argument("--api-key", default=_env("API_KEY", os.environ.get("LLMSERVE_API_KEY", d.api_key)),
                    help="require 'authorization: Bearer <key>' on every RPC but health "
                         "(prefer the LLMSERVE_API_KEY environment variable: flags show in ps)")
-
-
-def _speculative_config(text: str) -> str:
-    from scheduler_svc.core.spec_decode import parse_speculative_config  # no torch there
-
-    try:
-        parse_speculative_config(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
 
 
 def _depth(text: str) -> int:

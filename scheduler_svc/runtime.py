@@ -1,10 +1,9 @@
-"""Process plumbing shared by the scheduler's two processes: the event loop and log format."""
+"""Process plumbing shared by the scheduler's two processes: the event loop (the log format is
+llmserve/logs.py, every llmserve process's)."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 
 
 def run_async(main):
@@ -15,9 +14,3 @@ def run_async(main):
         return asyncio.run(main)
     return uvloop.run(main)
 
-
-def configure_logging(level: str, process: str) -> None:
-    """One format for every llmserve process ("scheduler", "engine-core"; executor_svc/server.py
-    writes the same with "executor"): time, process[pid], level, logger: message."""
-    logging.basicConfig(level=level.upper(),
-                        format=f"%(asctime)s {process}[{os.getpid()}] %(levelname)s %(name)s: %(message)s")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmserve.limits import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_MIN_TOKENS_STOP_IDS
+
 
 @dataclass(frozen=True)
 class SamplerParams:
@@ -255,8 +257,8 @@ class ExecutorInfo:
     max_num_batched_tokens: int
     device: str
     dtype: str
-    max_logprobs: int = 20  # most top alternatives per position (logprobs, prompt_logprobs)
-    max_logit_bias: int = 300  # most logit_bias entries per request
-    max_min_tokens_stop_ids: int = 64  # most ids min_tokens may mask per request
+    max_logprobs: int = MAX_LOGPROBS  # most top alternatives per position (logprobs, prompt_logprobs)
+    max_logit_bias: int = MAX_LOGIT_BIAS  # most logit_bias entries per request
+    max_min_tokens_stop_ids: int = MAX_MIN_TOKENS_STOP_IDS  # most ids min_tokens may mask per request
     # speculative decoding's draft model (executor_svc/spec_draft.py): its folder; "" = none
     draft_model_path: str = ""

@@ -9,18 +9,19 @@ import sys
 
 from grpc_health.v1 import health_pb2
 
+from llmserve.logs import configure_logging
 from scheduler_svc.api import access_log
 from scheduler_svc.api.engine_client import CoreStartError, EngineClient
-from scheduler_svc.api.handlers import SERVICE_NAME
+from scheduler_svc.api.grpc.handlers import SERVICE_NAME
+from scheduler_svc.api.grpc.public_server import start_public_server
+from scheduler_svc.api.grpc.security import server_credentials
+from scheduler_svc.api.grpc.servicer import LLMServeServicer
 from scheduler_svc.api.metrics import Metrics
-from scheduler_svc.api.public_server import start_public_server
-from scheduler_svc.api.security import server_credentials
-from scheduler_svc.api.servicer import LLMServeServicer
 from scheduler_svc.api.tokenize_pool import TokenizePool
 from scheduler_svc.api.validation import SizeLimits
 from scheduler_svc.config import SchedulerConfig, from_args
 from scheduler_svc.core.tokenizer import Tokenizer
-from scheduler_svc.runtime import configure_logging, run_async
+from scheduler_svc.runtime import run_async
 
 log = logging.getLogger("llmserve.scheduler")
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmserve.limits import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_MIN_TOKENS_STOP_IDS
 from scheduler_svc.api.prompts import Prompt, TextPrompt, TokenIdsPrompt, utf8_len
+from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.messages import RequestError
 
 
@@ -23,10 +25,13 @@ class Limits:
     block_size: int
     num_usable_blocks: int
     eos_token_ids: tuple[int, ...] = ()
-    max_logprobs: int = 20  # the executor's (ExecutorInfo.max_logprobs ...)
-    max_logit_bias: int = 300
-    max_min_tokens_stop_ids: int = 64
+    max_logprobs: int = MAX_LOGPROBS  # the executor's (ExecutorInfo.max_logprobs ...)
+    max_logit_bias: int = MAX_LOGIT_BIAS
+    max_min_tokens_stop_ids: int = MAX_MIN_TOKENS_STOP_IDS
     prefix_caching: bool = True  # samples of one request share their prompt's blocks
+
+
+_FLAGS = SchedulerConfig()  # the flags' defaults: SizeLimits() is what a plain start allows
 
 
 @dataclass(frozen=True)
@@ -34,12 +39,12 @@ class SizeLimits:
     """Caps on what one request may carry, checked before any tokenization (flags of the same
     names, SchedulerConfig); the prompt's token count is capped by the model's context."""
 
-    max_prompt_bytes: int = 4 << 20
-    max_chat_messages: int = 1024
-    max_stop_strings: int = 16
-    max_stop_bytes: int = 4096
-    max_stop_token_ids: int = 256
-    max_n: int = 128
+    max_prompt_bytes: int = _FLAGS.max_prompt_bytes
+    max_chat_messages: int = _FLAGS.max_chat_messages
+    max_stop_strings: int = _FLAGS.max_stop_strings
+    max_stop_bytes: int = _FLAGS.max_stop_bytes
+    max_stop_token_ids: int = _FLAGS.max_stop_token_ids
+    max_n: int = _FLAGS.max_n
 
     @classmethod
     def from_config(cls, config) -> SizeLimits:
@@ -57,7 +62,7 @@ _MAX_VARINT_BYTES = 10  # a negative int32 is sign-extended to 10 bytes on the w
 _MAX_BIAS_ENTRY_BYTES = 2 + 1 + _MAX_VARINT_BYTES + 1 + 4
 
 
-def max_request_bytes(sizes: SizeLimits, max_model_len: int, max_logit_bias: int = 300) -> int:
+def max_request_bytes(sizes: SizeLimits, max_model_len: int, max_logit_bias: int = MAX_LOGIT_BIAS) -> int:
     """The public server's gRPC max receive message length: the largest request the limits
     allow, so that anything larger is refused by gRPC itself (RESOURCE_EXHAUSTED) unread."""
     prompt = max(sizes.max_prompt_bytes + 8 * sizes.max_chat_messages,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .spec_decode import SpecDecodeConfig
+from llmserve.speculative import SpecDecodeConfig
 
 
 @dataclass(frozen=True)

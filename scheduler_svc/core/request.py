@@ -110,13 +110,13 @@ class Request:
         # None before the first), and whether they went out (with the first output; once).
         self.prompt_logprobs: Any = None
         self.prompt_logprobs_sent = params.prompt_logprobs is None
-        # Speculative decoding (core/spec_decode.py): its verify rows in flight, oldest first
-        # (spec_rows.VerifyRow), whether its sampling may speculate at all (None = not yet
+        # Speculative decoding (core/spec/decoder.py): its verify rows in flight, oldest first
+        # (spec/rows.VerifyRow), whether its sampling may speculate at all (None = not yet
         # asked), and the n-gram index of its tokens (NgramIndex, made at its first proposal).
         self.spec_rows: deque = deque()
         self.spec_eligible: bool | None = None
         self.ngram_index: Any = None
-        self.spec_gate: Any = None  # spec_gate.GateState, made on first use
+        self.spec_gate: Any = None  # spec/gate.GateState, made on first use
 
     @property
     def wants_prompt_logprobs(self) -> bool:

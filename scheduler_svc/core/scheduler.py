@@ -19,8 +19,8 @@ from .logprobs import StepLogprobs, StepResultError, collect_prompt_logprobs
 from .outputs import RequestOutput
 from .request import FinishReason, Request, RequestStatus
 from .samples import HeldSamples
-from .spec_decode import SpecDecoder, tokens_output
-from .spec_gate import SpecSteps
+from .spec.decoder import SpecDecoder, tokens_output
+from .spec.gate import SpecSteps
 from .stop import StopStringMatcher, length_reached
 from .tokenizer import Tokenizer
 
@@ -33,7 +33,7 @@ class Scheduler:
     result). A request's blocks return to the pool only once no step in flight includes it.
     detokenizer_factory makes a request's incremental detokenizer (step(token_id) -> str); a
     Tokenizer stands for detokenizer_factory(tokenizer); None means no text, only token ids.
-    clock: the speculation mode trials' (spec_trials.py)."""
+    clock: the speculation mode trials' (spec/trials.py)."""
 
     def __init__(self, config: SchedulerCoreConfig,
                  detokenizer_factory: Callable[[Request], Any] | Tokenizer | None = None,
@@ -53,7 +53,7 @@ class Scheduler:
         self._finished_req_ids: list[int] = []  # for the next plan
         spec = config.speculative
         self.spec = SpecDecoder(spec, config.max_model_len, config.eos_token_ids) if spec else None
-        self.spec_steps = SpecSteps.for_config(spec, self.spec, clock) if spec else None  # spec_gate.py
+        self.spec_steps = SpecSteps.for_config(spec, self.spec, clock) if spec else None  # spec/gate.py
 
     # -- requests in and out -------------------------------------------------------------
 

@@ -17,10 +17,12 @@ import signal
 import socket
 from dataclasses import astuple
 
+from llmserve.logs import configure_logging
+from llmserve.speculative import parse_speculative_config
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.scheduler import SchedulerCoreConfig, StepResultError
-from scheduler_svc.core.spec_decode import check_executor, parse_speculative_config
+from scheduler_svc.core.spec.decoder import check_executor
 from scheduler_svc.core.tokenizer import Tokenizer
 from scheduler_svc.engine.containment import ContainedScheduler, add_all_or_none, request_failed, send_or_fail
 from scheduler_svc.engine.executor_client import ExecutorClient, ExecutorUnavailable
@@ -30,7 +32,7 @@ from scheduler_svc.lifetime import die_with_parent
 from scheduler_svc.messages import (ALL, AbortRequest, AddRequest, CoreStats, Failed, Outputs, Ready,
                                     RequestError, encode_output)
 from scheduler_svc.pipe import Channel, ChannelClosed
-from scheduler_svc.runtime import configure_logging, run_async
+from scheduler_svc.runtime import run_async
 from step_protocol.domain import ExecutorInfo
 
 log = logging.getLogger("llmserve.engine_core")
@@ -38,7 +40,7 @@ log = logging.getLogger("llmserve.engine_core")
 
 def core_config(config: SchedulerConfig, info: ExecutorInfo) -> SchedulerCoreConfig:
     """The scheduler core's limits: the executor's, optionally lowered by flags. ValueError
-    when the speculation asked for does not match the executor (spec_decode.check_executor)."""
+    when the speculation asked for does not match the executor (core/spec/decoder.check_executor)."""
     speculative = parse_speculative_config(config.speculative_config)
     check_executor(speculative, info)
 

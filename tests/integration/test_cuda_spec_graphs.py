@@ -55,7 +55,7 @@ def test_draft_model_on_cuda_with_graphs_is_token_exact(tmp_path_factory, draft_
     """The draft model's forwards (its decode graphs for one-token catch-ups, else eager) before
     target graphs / verify graphs on CUDA: greedy outputs equal those without speculation; a
     draft equal to the target accepts every draft (so its graph-written KV is right)."""
-    from scheduler_svc.core.spec_decode import SpecDecodeConfig
+    from llmserve.speculative import SpecDecodeConfig
 
     base = tmp_path_factory.mktemp("cuda-draft")
     target = build_random_model(base / "target", "tiny-llama")

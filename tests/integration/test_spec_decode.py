@@ -13,9 +13,9 @@ from benchmarks.inprocess import InProcessTransport
 from executor_svc.config import ExecutorConfig
 from executor_svc.random_model import build_random_model
 from executor_svc.startup import build_runner
+from llmserve.speculative import SpecDecodeConfig
 from scheduler_svc.core.request import Request, SamplingParams
 from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig
-from scheduler_svc.core.spec_decode import SpecDecodeConfig
 from scheduler_svc.engine.step_loop import StepLoop
 
 SPEC = SpecDecodeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2)
@@ -43,7 +43,7 @@ def generate(runner, prompts, spec, *, depth=3, max_tokens=48, budget=64, temper
         num_blocks=info.num_blocks, block_size=info.block_size, max_num_seqs=info.max_num_seqs,
         max_num_batched_tokens=budget, max_model_len=info.max_model_len,
         eos_token_ids=tuple(info.eos_token_ids), speculative=spec)
-    scheduler = Scheduler(core, clock=lambda: 0.0)  # no mode trials (spec_trials.py): deterministic
+    scheduler = Scheduler(core, clock=lambda: 0.0)  # no mode trials (core/spec/trials.py): deterministic
     for i, prompt in enumerate(prompts):
         scheduler.add_request(Request(i, list(prompt), SamplingParams(
             max_tokens=max_tokens, temperature=temperature, ignore_eos=True, seed=i, **params)))
@@ -104,10 +104,10 @@ def test_budget_counts_drafts(runners):
 
 
 def test_sampled_with_speculation_runs_and_is_replayable(runners, monkeypatch):
-    from scheduler_svc.core import spec_gate
+    from scheduler_svc.core.spec import gate as spec_gate
 
     # random sampling on a random model makes proposals rare; keep every request speculating
-    # (the gate would stop them: tests/scheduler/core/test_spec_gate.py) to test the sampled path
+    # (the gate would stop them: tests/scheduler/core/spec/test_gate.py) to test the sampled path
     monkeypatch.setattr(spec_gate, "MIN_ACCEPTED", 0.0)
     runner = runners["tiny-llama"]
     prompts = prompts_for(runner.info().vocab_size)

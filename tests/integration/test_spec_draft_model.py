@@ -23,9 +23,9 @@ from executor_svc.config import ExecutorConfig
 from executor_svc.model_checks import ModelError
 from executor_svc.random_model import build_random_model
 from executor_svc.startup import build_runner
+from llmserve.speculative import SpecDecodeConfig
 from scheduler_svc.core.request import Request, SamplingParams
 from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig
-from scheduler_svc.core.spec_decode import SpecDecodeConfig
 from scheduler_svc.engine.step_loop import StepLoop
 from tests.integration.test_spec_decode import generate, prompts_for
 

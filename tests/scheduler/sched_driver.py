@@ -38,7 +38,7 @@ class LetterDetokenizer:
 
 
 def make_scheduler(**overrides) -> Scheduler:
-    # a clock that does not move: no speculation mode trials (spec_trials.py), deterministic steps
+    # a clock that does not move: no speculation mode trials (core/spec/trials.py), deterministic steps
     return Scheduler(make_config(**overrides), lambda request: LetterDetokenizer(), clock=lambda: 0.0)
 
 

@@ -34,7 +34,8 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
-from scheduler_svc.api import access_log, codec, memory
+from scheduler_svc.api import access_log, memory
+from scheduler_svc.api.grpc import codec
 from scheduler_svc.messages import RequestError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LLMServe"].full_name

@@ -11,8 +11,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from llmserve.bearer_auth import BearerTokenInterceptor
 from protos.reflection import enable_reflection
-from scheduler_svc.api.handlers import SERVICE_NAME, LLMServeHandlers
-from scheduler_svc.api.security import API_KEY_HINT
+from scheduler_svc.api.grpc.handlers import SERVICE_NAME, LLMServeHandlers
+from scheduler_svc.api.grpc.security import API_KEY_HINT
 from scheduler_svc.api.validation import SizeLimits, max_request_bytes
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.engine.executor_client import MAX_MESSAGE_BYTES

@@ -15,10 +15,11 @@ import grpc
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
-from scheduler_svc.api import access_log, codec
-from scheduler_svc.api.engine_client import EngineClient
-from scheduler_svc.api.handlers import abort_with
+from scheduler_svc.api import access_log
 from scheduler_svc.api.admission import Admission
+from scheduler_svc.api.engine_client import EngineClient
+from scheduler_svc.api.grpc import codec
+from scheduler_svc.api.grpc.handlers import abort_with
 from scheduler_svc.api.tokenize_pool import TokenizePool
 from scheduler_svc.api.validation import SizeLimits, check_detokenize_ids, check_prompt_size, invalid
 from scheduler_svc.messages import RequestError

@@ -1,84 +1,23 @@
-"""Speculative decoding on the scheduler side (no torch): the n-gram (prompt lookup) proposer,
-how many drafts a request may verify in a step, and settling a verify step's result (the
-rejected drafts' slots go back, the acceptance counters). See docs/scheduler.md,
-"Speculative decoding"; the executor verifies (executor_svc/spec_verify.py). With method
-draft_model the executor's draft model proposes (executor_svc/spec_draft.py): the scheduler
+"""Speculative decoding on the scheduler side (no torch): the n-gram (prompt lookup) drafts
+(ngram.py), how many drafts a request may verify in a step, and settling a verify step's result
+(the rejected drafts' slots go back, the acceptance counters). See docs/scheduler.md,
+"Speculative decoding"; the executor verifies (executor_svc/spec_decode/verify.py). With method
+draft_model the executor's draft model proposes (executor_svc/spec_decode/draft.py): the scheduler
 decides only how many drafts a row gets (DraftSlots).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+from llmserve.speculative import SpecDecodeConfig
 from step_protocol.domain import DraftSlots, ExecutorInfo
 
-from .logprobs import StepLogprobs, token_output
-from .outputs import RequestOutput
-from .request import Request
-from .spec_rows import VerifyRow, assumed_tail, chainable, settle_row
-
-METHODS = ("ngram", "draft_model")
-
-
-@dataclass(frozen=True)
-class SpecDecodeConfig:
-    """vLLM's --speculative-config fields this server implements (methods ngram, draft_model)."""
-
-    method: str = "ngram"
-    num_speculative_tokens: int = 0  # most drafts a request verifies per step
-    prompt_lookup_max: int = 0  # longest n-gram matched (tried first); ngram only
-    prompt_lookup_min: int = 0  # shortest n-gram matched; ngram only
-    model: str = ""  # draft_model: the draft's folder or GGUF (loaded by the executor)
-    disable_by_batch_size: int = 0  # nobody speculates with more running requests (0 = never)
-
-
-def parse_speculative_config(text: str) -> SpecDecodeConfig | None:
-    """The --speculative-config JSON (vLLM's meaning); "" = off. ValueError for anything
-    else than a valid n-gram or draft-model config. As in vLLM, the method is draft_model
-    when "model" is given without one (else ngram), and for ngram a missing lookup bound takes
-    the other's value, both missing 5."""
-    if not text.strip():
-        return None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise ValueError("must be a JSON object")
-    known = {f.name for f in fields(SpecDecodeConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"unsupported fields {unknown} (supported: {sorted(known)})")
-    method = raw.get("method", "draft_model" if "model" in raw else "ngram")
-    method = "ngram" if method == "[ngram]" else method
-    if method not in METHODS:
-        raise ValueError(f"method {method!r}: only 'ngram' (prompt lookup) and 'draft_model' are implemented")
-    values = {}
-    for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"):
-        value = raw.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        values[name] = value
-    k, lo, hi = values["num_speculative_tokens"], values["prompt_lookup_min"], values["prompt_lookup_max"]
-    if k is None:
-        raise ValueError("num_speculative_tokens is required")
-    if method == "draft_model":
-        model = raw.get("model")
-        if not isinstance(model, str) or not model.strip():
-            raise ValueError(f"method draft_model needs \"model\": the draft's folder or GGUF file, got {model!r}")
-        if lo is not None or hi is not None:
-            raise ValueError("prompt_lookup_min / prompt_lookup_max apply to method ngram only")
-        return SpecDecodeConfig("draft_model", k, model=model,
-                                disable_by_batch_size=values["disable_by_batch_size"] or 0)
-    if "model" in raw:
-        raise ValueError("\"model\" applies to method draft_model only")
-    lo, hi = (lo or hi or 5), (hi or lo or 5)
-    if lo > hi:
-        raise ValueError(f"prompt_lookup_min {lo} > prompt_lookup_max {hi}")
-    return SpecDecodeConfig("ngram", k, hi, lo, disable_by_batch_size=values["disable_by_batch_size"] or 0)
-
+from ..logprobs import StepLogprobs, token_output
+from ..outputs import RequestOutput
+from ..request import Request
+from .ngram import NgramIndex
+from .rows import VerifyRow, assumed_tail, chainable, settle_row
 
 def check_executor(config: SpecDecodeConfig | None, info: ExecutorInfo) -> None:
     """At the handshake: ValueError when the speculation asked for does not match the
@@ -91,81 +30,6 @@ def check_executor(config: SpecDecodeConfig | None, info: ExecutorInfo) -> None:
     if method == "ngram" and info.draft_model_path:
         raise ValueError(f"--speculative-config method ngram: the executor proposes with its draft model "
                          f"{info.draft_model_path} (use method draft_model, or start it without one)")
-
-
-class NgramIndex:
-    """Prompt lookup, incrementally: for each n in min_n..max_n, a dict from every n-gram of a
-    token sequence to the end index of its latest occurrence, updated as the sequence grows
-    (it may only be appended to), so a proposal costs O(max_n - min_n + 1) dict lookups plus
-    indexing the tokens appended since the last one (C-speed, dict.update over zips), not a
-    scan of the whole context. propose() answers exactly what the plain scan would: the up to
-    k tokens that followed the latest earlier occurrence of the longest suffix of min_n..max_n
-    tokens ([] when none occurs before). Memory: about max_n - min_n + 1 dict entries a token."""
-
-    __slots__ = ("latest", "max_n", "min_n", "num_indexed")
-
-    def __init__(self, min_n: int, max_n: int):
-        self.min_n, self.max_n = min_n, max_n
-        self.latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(min_n, max_n + 1)]
-        self.num_indexed = 0  # the n-grams ending before this index are in `latest`
-
-    def _extend(self, between: Callable[[int, int], list[int]], upto: int) -> None:
-        """Indexes the n-grams ending at num_indexed..upto-1 (later ones overwrite: latest)."""
-        start = self.num_indexed
-        seg_start = max(0, start - self.max_n + 1)
-        seg = between(seg_start, upto)
-        for n, latest in zip(range(self.min_n, self.max_n + 1), self.latest):
-            first = max(start, n - 1)  # the first end index of an n-gram to add
-            if first < upto:
-                part = seg[first - n + 1 - seg_start:]
-                latest.update(zip(zip(*[part[i:] for i in range(n)]), range(first, upto)))
-        self.num_indexed = upto
-
-    def propose(self, between: Callable[[int, int], list[int]], length: int, k: int) -> list[int]:
-        """Drafts for a sequence of `length` tokens, `between(a, b)` being its tokens a..b-1."""
-        self._sync(between, length)
-        return self._lookup(between, length, k)
-
-    def propose_after(self, between: Callable[[int, int], list[int]], length: int, tail: list[int],
-                      k: int) -> list[int]:
-        """Drafts for the sequence followed by `tail`, tokens assumed but not known (a chained
-        verify row's: the drafts in flight). The tail is not indexed (the index holds known
-        tokens only); its suffix is matched against the known tokens, and the continuation may
-        run on into the tail."""
-        if not tail:
-            return self.propose(between, length, k)
-        self._sync(between, length)
-
-        def extended(a: int, b: int) -> list[int]:
-            head = between(a, min(b, length)) if a < length else []
-            return head + tail[max(a - length, 0):max(b - length, 0)]
-        return self._lookup(extended, length + len(tail), k)
-
-    def _sync(self, between: Callable[[int, int], list[int]], length: int) -> None:
-        upto = length - 1  # an earlier match ends before the suffix's last token
-        if upto < self.num_indexed:  # not an extension of the indexed sequence: start over
-            self.latest = [{} for _ in self.latest]
-            self.num_indexed = 0
-        if upto > self.num_indexed:
-            self._extend(between, upto)
-
-    def _lookup(self, between: Callable[[int, int], list[int]], length: int, k: int) -> list[int]:
-        hi = min(self.max_n, length - 1)
-        if hi < self.min_n:
-            return []
-        suffix = between(length - hi, length)
-        for n in range(hi, self.min_n - 1, -1):
-            end = self.latest[n - self.min_n].get(tuple(suffix[hi - n:]))
-            if end is not None:
-                return between(end + 1, min(end + 1 + k, length))
-        return []
-
-
-def propose_ngram(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
-    """Prompt lookup on a whole sequence at once (a fresh NgramIndex): the up to k tokens that
-    followed the latest earlier occurrence of the longest suffix of `tokens` of min_n..max_n
-    tokens; [] when no such suffix occurs before."""
-    return NgramIndex(min_n, max_n).propose(lambda a, b: tokens[a:b], len(tokens), k)
 
 
 @dataclass
@@ -219,7 +83,7 @@ class SpecDecoder:
         return index.propose(request.token_ids_between, request.num_tokens, k)
 
     def propose_chained(self, request: Request, budget: int) -> list[int]:
-        """Drafts of a chained verify row (spec_rows.py) after the request's rows in flight,
+        """Drafts of a chained verify row (rows.py) after the request's rows in flight,
         within `budget` tokens of this step (the row takes 1 + drafts): the n-gram continuation
         of its known tokens followed by the tokens its rows assume, past the token the match
         predicts after them (their last row's guess, recorded here); with a draft model
@@ -248,7 +112,7 @@ class SpecDecoder:
         request.spec_rows.append(VerifyRow(step_id, drafts, chained))
 
     def settle(self, request: Request, token_ids: int | list[int] | None) -> int:
-        """Applies the result of the request's oldest verify row (spec_rows.settle_row): returns
+        """Applies the result of the request's oldest verify row (rows.settle_row): returns
         its slots whose KV is void, counts its drafts."""
         void, num_drafts, accepted = settle_row(request, token_ids)
         if num_drafts:

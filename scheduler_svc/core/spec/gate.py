@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .request import Request
-from .spec_trials import ModeTrials
+from ..request import Request
+from .ngram import NgramIndex
+from .trials import ModeTrials
 
 MIN_ACCEPTED = 0.5  # drafts accepted per opportunity below which a request stops speculating
 DECAY = 0.25  # weight of the newest opportunity in the moving average
@@ -99,7 +100,6 @@ class SpecGate:
 def ngram_probe(min_n: int, max_n: int) -> Callable[[Request], bool]:
     """The n-gram gate's probe: whether the suffix of the request's known tokens occurs earlier
     (its NgramIndex, shared with the proposer: the same incremental lookup)."""
-    from .spec_decode import NgramIndex
 
     def probe(request: Request) -> bool:
         index = request.ngram_index
@@ -112,7 +112,7 @@ def ngram_probe(min_n: int, max_n: int) -> Callable[[Request], bool]:
 
 class SpecSteps:
     """What the scheduler asks of speculation each step: the SpecDecoder (proposals, settling),
-    the per-request gate and the measured mode trials (spec_trials.py)."""
+    the per-request gate and the measured mode trials (trials.py)."""
 
     def __init__(self, decoder, gate: SpecGate, trials: ModeTrials):
         self.decoder, self.gate, self.trials = decoder, gate, trials

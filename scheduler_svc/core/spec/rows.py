@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from step_protocol.domain import DraftSlots
 
-from .logprobs import StepResultError
-from .request import Request, RequestStatus
+from ..logprobs import StepResultError
+from ..request import Request, RequestStatus
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """Whether speculation pays at all, measured: alternating windows of steps with and without it.
 
-The per-request gate (spec_gate.py) knows how many drafts a request gets accepted, not what a
+The per-request gate (gate.py) knows how many drafts a request gets accepted, not what a
 verify step costs against a pipelined decode step: that depends on the hardware, the model, the
 batch and both services' host time (at batch 64 a speculating batch can lose even with 98% of
 its drafts accepted, docs/benchmarks.md). So the scheduler measures it: tokens out per second of

@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from benchmarks.cluster import Cluster, free_port
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
-from scheduler_svc.api.security import server_credentials
+from scheduler_svc.api.grpc.security import server_credentials
 
 API_KEY = "s3cret-key-for-tests"
 

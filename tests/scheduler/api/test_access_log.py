@@ -17,10 +17,10 @@ from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from scheduler_svc.api import access_log
 from scheduler_svc.api.admission import Admission
-from scheduler_svc.api.handlers import add_llmserve_servicer
+from scheduler_svc.api.grpc.handlers import add_llmserve_servicer
+from scheduler_svc.api.grpc.servicer import LLMServeServicer
 from scheduler_svc.api.http.app import build_app
 from scheduler_svc.api.http.context import HttpContext
-from scheduler_svc.api.servicer import LLMServeServicer
 from scheduler_svc.api.tokenize_pool import TokenizePool
 from scheduler_svc.api.validation import SizeLimits
 from scheduler_svc.core.outputs import RequestOutput

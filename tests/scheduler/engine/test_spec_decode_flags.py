@@ -3,8 +3,8 @@ metrics and the stats line."""
 
 import pytest
 
+from llmserve.speculative import SpecDecodeConfig
 from scheduler_svc.config import from_args
-from scheduler_svc.core.spec_decode import SpecDecodeConfig
 from scheduler_svc.engine.core_process import core_config
 from scheduler_svc.engine.stats import EngineStats, StatsLogger
 from scheduler_svc.messages import CoreStats

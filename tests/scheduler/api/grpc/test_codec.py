@@ -1,10 +1,10 @@
 """The public API's codec: streamed responses and the client's sampling fields."""
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
-from scheduler_svc.api import codec
+from scheduler_svc.api.grpc import codec
 from scheduler_svc.core.outputs import LogprobColumns, RequestOutput
-from step_protocol.domain import Logprobs
 from scheduler_svc.core.request import FinishReason
+from step_protocol.domain import Logprobs
 
 
 def test_responses():

@@ -10,7 +10,7 @@ import pytest
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
-from scheduler_svc.api.handlers import abort_with, add_llmserve_servicer
+from scheduler_svc.api.grpc.handlers import abort_with, add_llmserve_servicer
 from scheduler_svc.messages import RequestError
 
 SECRET = "secret internal detail /srv/models/llama"

@@ -1,4 +1,4 @@
-"""Chained verify rows (core/spec_rows.py): a speculating request's next verify row planned
+"""Chained verify rows (core/spec/rows.py): a speculating request's next verify row planned
 while its previous one is in flight, assuming every draft accepted; void (no token, its slots
 given back) when a row before it rejected one. Against the speculating fake executor, which
 runs a chained row only when the request's previous verify row accepted every draft."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler_svc.core.logprobs import StepResultError
-from tests.scheduler.core.test_spec_decode import SPEC, SpecFakeExecutor, drive, same, scenario
+from tests.scheduler.core.spec.test_decoder import SPEC, SpecFakeExecutor, drive, same, scenario
 from tests.scheduler.sched_driver import make_scheduler, req
 
 
@@ -64,9 +64,9 @@ def test_a_chained_row_follows_the_drafts_in_flight_and_is_void_after_a_rejectio
 
 
 def test_a_valid_chain_yields_every_row_and_cancelling_it_frees_every_block(monkeypatch):
-    from tests.scheduler.core import test_spec_decode
+    from tests.scheduler.core.spec import test_decoder
 
-    monkeypatch.setattr(test_spec_decode, "model", lambda tokens: tokens[-3])  # accepts every draft
+    monkeypatch.setattr(test_decoder, "model", lambda tokens: tokens[-3])  # accepts every draft
     s, executor, request = started([1, 2, 3] * 4, max_tokens=40, ignore_eos=True)
     p1, p2, p3 = s.schedule(), s.schedule(), s.schedule()
     assert [p.draft_chained for p in (p1, p2, p3)] == [[], [True], [True]]

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from llmserve.speculative import SpecDecodeConfig, parse_speculative_config
 from scheduler_svc.core.request import FinishReason
-from scheduler_svc.core.spec_decode import SpecDecodeConfig, parse_speculative_config, propose_ngram
+from scheduler_svc.core.spec.ngram import propose_ngram
 from tests.scheduler.sched_driver import FakeExecutor, fake_next_token, make_scheduler, req, run
 
 SPEC = SpecDecodeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2)

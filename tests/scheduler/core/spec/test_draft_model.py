@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from llmserve.speculative import SpecDecodeConfig, parse_speculative_config
 from scheduler_svc.core.logprobs import StepResultError
-from scheduler_svc.core.spec_decode import (
-    SpecDecodeConfig,
-    check_executor,
-    parse_speculative_config,
-)
+from scheduler_svc.core.spec.decoder import check_executor
 from step_protocol.domain import DraftSlots, ExecutorInfo
-from tests.scheduler.core.test_spec_decode import (
+from tests.scheduler.core.spec.test_decoder import (
     SPEC,
     SpecFakeExecutor,
     cancel_mid_verify,
@@ -23,7 +20,7 @@ from tests.scheduler.core.test_spec_decode import (
     same,
     scenario,
 )
-from tests.scheduler.core.test_spec_decode import drive as spec_drive
+from tests.scheduler.core.spec.test_decoder import drive as spec_drive
 from tests.scheduler.sched_driver import make_scheduler, req
 
 DRAFT = SpecDecodeConfig("draft_model", num_speculative_tokens=3, model="/models/draft")

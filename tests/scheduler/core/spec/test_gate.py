@@ -1,4 +1,4 @@
-"""Adaptive speculation (core/spec_gate.py): requests whose drafts are not accepted stop
+"""Adaptive speculation (core/spec/gate.py): requests whose drafts are not accepted stop
 speculating (and waiting for their tokens in flight) and are probed now and then; with many
 running requests (disable_by_batch_size) nobody speculates."""
 
@@ -8,16 +8,16 @@ import dataclasses
 
 import pytest
 
-from scheduler_svc.core import spec_gate
-from scheduler_svc.core.spec_decode import parse_speculative_config
-from scheduler_svc.core.spec_gate import (
+from llmserve.speculative import parse_speculative_config
+from scheduler_svc.core.spec import gate as spec_gate
+from scheduler_svc.core.spec.gate import (
     LOOKUP_STEPS,
     MIN_ACCEPTED,
     PROBE_STEPS,
     SpecGate,
 )
-from tests.scheduler.core import test_spec_decode
-from tests.scheduler.core.test_spec_decode import SPEC, drive, same
+from tests.scheduler.core.spec import test_decoder
+from tests.scheduler.core.spec.test_decoder import SPEC, drive, same
 from tests.scheduler.sched_driver import fake_next_token, req
 
 
@@ -75,7 +75,7 @@ def test_unrepetitive_text_keeps_its_pipelining(monkeypatch, gated):
     """Nothing to propose: the gate turns speculation off after a few fruitless tries, so the
     requests decode pipelined (about the steps of no speculation); without the gate each waits
     for its token in flight every step (about twice the steps at depth 3)."""
-    monkeypatch.setattr(test_spec_decode, "model", fake_next_token)
+    monkeypatch.setattr(test_decoder, "model", fake_next_token)
     if not gated:
         monkeypatch.setattr(spec_gate, "MIN_ACCEPTED", 0.0)
     spec = dataclasses.replace(SPEC, prompt_lookup_min=3)

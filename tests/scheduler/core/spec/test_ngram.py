@@ -8,13 +8,10 @@ from __future__ import annotations
 import random
 import time
 
+from llmserve.speculative import SpecDecodeConfig
 from scheduler_svc.core.request import Request, SamplingParams
-from scheduler_svc.core.spec_decode import (
-    NgramIndex,
-    SpecDecodeConfig,
-    SpecDecoder,
-    propose_ngram,
-)
+from scheduler_svc.core.spec.decoder import SpecDecoder
+from scheduler_svc.core.spec.ngram import NgramIndex, propose_ngram
 
 
 def reference_propose_ngram(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:

@@ -1,13 +1,13 @@
-"""Speculation on or off by measured throughput (core/spec_trials.py): windows of steps with
+"""Speculation on or off by measured throughput (core/spec/trials.py): windows of steps with
 and without it, the faster mode kept, trials of the other spaced out as it keeps losing."""
 
 from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.core import spec_trials
-from scheduler_svc.core.spec_trials import FIRST_INTERVAL, TRIAL_WINDOW, WINDOW, ModeTrials
-from tests.scheduler.core.test_spec_decode import SPEC, SpecFakeExecutor, same
+from scheduler_svc.core.spec import trials as spec_trials
+from scheduler_svc.core.spec.trials import FIRST_INTERVAL, TRIAL_WINDOW, WINDOW, ModeTrials
+from tests.scheduler.core.spec.test_decoder import SPEC, SpecFakeExecutor, same
 from tests.scheduler.sched_driver import make_scheduler, req, run
 
 
@@ -98,9 +98,9 @@ def test_speculation_is_kept_only_where_it_pays(monkeypatch, verify_cost, specul
     """A repeated passage the model continues (every draft accepted): with verify steps as
     cheap as decode steps speculation stays on; when a verify step costs 12 decode steps (more
     than the 1 + 4 tokens it yields), the trials turn it off for most of the run."""
-    from tests.scheduler.core import test_spec_decode
+    from tests.scheduler.core.spec import test_decoder
 
-    monkeypatch.setattr(test_spec_decode, "model", lambda tokens: tokens[-3])
+    monkeypatch.setattr(test_decoder, "model", lambda tokens: tokens[-3])
     reference, _, ref_time = drive_timed(1.0, spec=None)
     streams, plans, elapsed = drive_timed(verify_cost)
     assert same(streams, reference)
