@@ -6,7 +6,7 @@ import statistics
 
 import torch
 
-from executor_svc.model_runner import ModelRunner
+from executor_svc.worker.model_runner import ModelRunner
 from step_protocol.domain import CachedRequestData, NewRequestData, SamplerParams, StepPlan
 
 HBM_BYTES_PER_S = 4.25e12  # device-to-device copy bandwidth measured on the H200

@@ -18,9 +18,9 @@ import json
 
 import torch
 
-from executor_svc import kv_cache
-from executor_svc.attention import AttentionMetadata
-from executor_svc.loader import load_model
+from executor_svc.model_loader.safetensors import load_model
+from executor_svc.models.attention import AttentionMetadata
+from executor_svc.startup import kv_cache
 
 VARIANTS = {"fp8 weights": ("fp8", False), "fp8 kv cache": ("", True), "fp8 weights + kv": ("fp8", True)}
 

@@ -15,7 +15,7 @@ def model_path(shape: str) -> Path:
     """Builds (once) a random bf16 model folder of a benchmarks.md shape."""
     import torch
 
-    from executor_svc.random_model import build_random_model
+    from executor_svc.model_loader.random_model import build_random_model
 
     folder = MODELS / shape
     if not (folder / "config.json").exists():
@@ -32,7 +32,7 @@ def runner_for(shape: str, **overrides):
 
 def runner_for_folder(folder: Path, **overrides):
     from executor_svc.config import ExecutorConfig
-    from executor_svc.startup import build_runner
+    from executor_svc.startup.build import build_runner
 
     config = dataclasses.replace(ExecutorConfig.from_args(
         ["--model", str(folder), "--device", "cuda", "--insecure-no-auth"]), **overrides)

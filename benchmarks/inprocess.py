@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections import deque
 
-from executor_svc.model_runner import ModelRunner
+from executor_svc.worker.model_runner import ModelRunner
 from protos.llmserve.executor.v1 import executor_pb2 as epb
 from scheduler_svc.core.request import Request, SamplingParams
 from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig

@@ -28,14 +28,14 @@ def find_gguf() -> Path | None:
     env = os.environ.get("LLMSERVE_SMOLLM2_GGUF")
     if env:
         return Path(env) if Path(env).is_file() else None
-    from executor_svc.model_source import builtin_gguf
+    from executor_svc.model_loader.source import builtin_gguf
 
     return builtin_gguf()
 
 
 def folders(cache: Path) -> dict[torch.dtype, Path]:
     """The converted model in float32 (the reference) and bfloat16 (what the GPU serves)."""
-    from executor_svc.gguf_model import converted_folder
+    from executor_svc.model_loader.gguf import converted_folder
 
     gguf = find_gguf()
     if gguf is None:
@@ -70,9 +70,9 @@ def teacher_forced_agreement(folder: Path, device: str, dtype: torch.dtype,
                              prompts: list[list[int]], continuations: list[list[int]]) -> tuple[int, int]:
     """(agreeing, total): positions of the continuations where our model, fed the prompt and
     the reference tokens so far, picks the reference's next token as its top-1."""
-    from executor_svc.attention import AttentionMetadata
-    from executor_svc.kv_cache import allocate_kv_caches
-    from executor_svc.loader import load_model
+    from executor_svc.model_loader.safetensors import load_model
+    from executor_svc.models.attention import AttentionMetadata
+    from executor_svc.startup.kv_cache import allocate_kv_caches
 
     model = load_model(folder, device, dtype)
     block_size, agree, total = 16, 0, 0

@@ -18,7 +18,7 @@ from benchmarks.cluster import Cluster
 
 
 def run(workload_name: str, step_ms: float, stream_interval: int, num_requests: int | None = None) -> dict:
-    from executor_svc.random_model import build_tokenizer
+    from executor_svc.model_loader.random_model import build_tokenizer
 
     tmp = Path(tempfile.mkdtemp(prefix="llmserve-fake-"))
     build_tokenizer(tmp, 1024, 4096)

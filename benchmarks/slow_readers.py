@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 
 from benchmarks.cluster import Cluster, generate
-from executor_svc.random_model import demo_model_path
+from executor_svc.model_loader.random_model import demo_model_path
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 

@@ -93,8 +93,8 @@ def main() -> None:
     p.add_argument("--json", default="")
     args = p.parse_args()
     from executor_svc.config import ExecutorConfig
-    from executor_svc.random_model import build_random_model
-    from executor_svc.startup import build_runner
+    from executor_svc.model_loader.random_model import build_random_model
+    from executor_svc.startup.build import build_runner
 
     model = args.model or str(build_random_model(Path(tempfile.mkdtemp()) / "tiny", "tiny-llama"))
     runner = build_runner(ExecutorConfig.from_args(["--model", model, "--device", args.device,

@@ -22,7 +22,7 @@ sys.path.insert(0, args.tree)
 
 from benchmarks import inprocess, workloads  # noqa: E402  (from TREE)
 from executor_svc.config import ExecutorConfig  # noqa: E402
-from executor_svc.startup import build_runner  # noqa: E402
+from executor_svc.startup.build import build_runner  # noqa: E402
 
 MODEL = "/tmp/llmserve-bench/llama-1b"  # built by harness.model_path before this runs
 runner = build_runner(ExecutorConfig.from_args(["--model", MODEL, "--device", "cuda", "--insecure-no-auth"]))

@@ -260,5 +260,5 @@ class ExecutorInfo:
     max_logprobs: int = MAX_LOGPROBS  # most top alternatives per position (logprobs, prompt_logprobs)
     max_logit_bias: int = MAX_LOGIT_BIAS  # most logit_bias entries per request
     max_min_tokens_stop_ids: int = MAX_MIN_TOKENS_STOP_IDS  # most ids min_tokens may mask per request
-    # speculative decoding's draft model (executor_svc/spec_draft.py): its folder; "" = none
+    # speculative decoding's draft model (executor_svc/spec_decode/draft.py): its folder; "" = none
     draft_model_path: str = ""

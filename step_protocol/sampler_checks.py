@@ -1,6 +1,6 @@
 """What a request's SamplerParams may hold: one definition for both services.
 
-The executor refuses a new request whose parameters fail `check_sampler` (plan_checks.py);
+The executor refuses a new request whose parameters fail `check_sampler` (worker/plan_checks.py);
 the scheduler's validation runs the same function on the values it is about to send, rounded
 as the wire rounds them (`float32`), so a request that passes validation can never be refused
 by the executor, nor fail to encode (integer widths come from the message's own descriptor).

@@ -15,7 +15,7 @@ import pytest
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The built-in model's .gguf file (model_source.builtin_gguf), or the test is skipped."""
-    from executor_svc.model_source import BUILTIN_INSTALL, builtin_gguf
+    from executor_svc.model_loader.source import BUILTIN_INSTALL, builtin_gguf
 
     path = builtin_gguf()
     if path is None:
@@ -35,6 +35,6 @@ def smollm2_folder(smollm2_gguf, smollm2_cache_dir) -> Path:
     """The Hugging Face folder of the built-in model in float32 (~10 s, once per session)."""
     import torch
 
-    from executor_svc.gguf_model import converted_folder
+    from executor_svc.model_loader.gguf import converted_folder
 
     return converted_folder(smollm2_gguf, smollm2_cache_dir, torch.float32)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from executor_svc.model_checks import ModelError
+from executor_svc.model_loader.checks import ModelError
 
 log = logging.getLogger(__name__)
 

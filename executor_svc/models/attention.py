@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from executor_svc.step_buffers import StepBuffers
+    from executor_svc.worker.step_buffers import StepBuffers
 
 
 @dataclass

@@ -12,28 +12,17 @@ the logits; with TensorParallel() (size 1) nothing of it runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from executor_svc import layers, model_checks
-from executor_svc.attention import AttentionMetadata
-from executor_svc.layers import RMSNorm
+from executor_svc.model_loader import checks as model_checks
+from executor_svc.models import layers
+from executor_svc.models.attention import AttentionMetadata
+from executor_svc.models.kv_cache import KVCache
+from executor_svc.models.layers import RMSNorm
 from executor_svc.parallel.layers import VocabParallelEmbedding, gather_logits
 from executor_svc.parallel.state import SINGLE, TensorParallel
-
-
-class KVCache(NamedTuple):
-    """One layer's paged cache: k, v [num_blocks, block_size, num_kv_heads, head_dim] (the model's
-    dtype, or float8_e4m3fn with --kv-cache-dtype fp8) and the layer's FP8 scales, float32 [1]
-    tensors on the cache's device (dequantized = fp8 * scale; 1.0 unless a checkpoint says
-    otherwise; the kernels ignore them for a 16/32-bit cache)."""
-
-    k: torch.Tensor
-    v: torch.Tensor
-    k_scale: torch.Tensor
-    v_scale: torch.Tensor
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,8 @@ def check_splits(config: ExecutorConfig, folder) -> None:
     """ModelError (one line) before any rank starts, for what every rank would refuse: the
     folder, --max-model-len, too few GPUs, a shape (or an FP8 checkpoint's blocks) that does not split
     over the ranks."""
-    from executor_svc import loader, model_checks
-    from executor_svc.model_checks import ModelError
+    from executor_svc.model_loader import checks as model_checks, safetensors as loader
+    from executor_svc.model_loader.checks import ModelError
     from executor_svc.models.llama import ModelArgs
     from executor_svc.parallel import shard_fp8
     from executor_svc.quantization import schemes
@@ -72,8 +72,8 @@ def check_splits(config: ExecutorConfig, folder) -> None:
 def build_parallel_runner(config: ExecutorConfig):
     """Rank 0's TensorParallelRunner, with ranks 1..N-1 started and attached (runner.close()
     stops them). The model folder is resolved once here (a GGUF file converted once)."""
-    from executor_svc import model_source
-    from executor_svc.startup import build_runner
+    from executor_svc.model_loader import source as model_source
+    from executor_svc.startup.build import build_runner
 
     source = model_source.resolve(config.model, model_source.cache_dir(config.cache_dir), getattr(torch, config.dtype))
     config = dataclasses.replace(config, model=str(source.folder), model_name=config.model_name or source.name)

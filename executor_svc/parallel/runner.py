@@ -20,11 +20,11 @@ import threading
 
 import numpy as np
 
-from executor_svc.model_runner import ModelRunner, StepHandle
 from executor_svc.parallel.channel import LAUNCH, RESET, STOP, USE_GRAPHS, PlanChannel
 from executor_svc.parallel.state import TensorParallel
-from executor_svc.plan_apply import Admitted, admit
-from executor_svc.spec_verify import verify
+from executor_svc.spec_decode.verify import verify
+from executor_svc.worker.model_runner import ModelRunner, StepHandle
+from executor_svc.worker.plan_apply import Admitted, admit
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from step_protocol import codec
 from step_protocol.domain import StepPlan

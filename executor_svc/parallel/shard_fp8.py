@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.model_checks import ModelError
+from executor_svc.model_loader.checks import ModelError
 from executor_svc.parallel import shard
 from executor_svc.parallel.state import TensorParallel
 from executor_svc.quantization import fp8

@@ -7,7 +7,6 @@ with a rank that is gone fails."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import sys
@@ -15,6 +14,7 @@ import threading
 import time
 
 from executor_svc.parallel.launch import SPEC_ENV
+from llmserve.logs import configure_logging
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -28,13 +28,12 @@ def main() -> None:
     rank, parent = spec["rank"], spec["parent"]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every rank: rank 0 stops the others
     threading.Thread(target=_exit_with_parent, args=(parent,), name="parent-watch", daemon=True).start()
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s executor[{os.getpid()}] rank {rank} "
-                        f"%(levelname)s %(name)s: %(message)s")
+    configure_logging("INFO", "executor", f"rank {rank}")  # the one format (llmserve/logs.py)
     from executor_svc.config import ExecutorConfig
-    from executor_svc.model_checks import ModelError
+    from executor_svc.model_loader.checks import ModelError
     from executor_svc.parallel.launch import init_group
     from executor_svc.parallel.runner import serve_plans
-    from executor_svc.startup import build_runner
+    from executor_svc.startup.build import build_runner
 
     fields = spec["config"]
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 import kernels
-from executor_svc.model_checks import ModelError
+from executor_svc.model_loader.checks import ModelError
 from executor_svc.quantization.schemes import Fp8Scheme
 from kernels.fp8_reference import Fp8Activation, dequantize_fp8_reference, fused_quant_group
 

@@ -21,7 +21,7 @@ import re
 
 import torch
 
-from executor_svc.model_checks import ModelError
+from executor_svc.model_loader.checks import ModelError
 
 _NAME = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(?:([kv])_scale|([kv])_proj\.output_scale)$")
 

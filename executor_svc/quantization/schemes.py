@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from executor_svc.model_checks import ModelError
+from executor_svc.model_loader.checks import ModelError
 
 QUANTIZATION_CHOICES = ("", "fp8")  # --quantization (vLLM's flag)
 # the projections of one decoder layer, as checkpoints name them (model.layers.{i}.<this>)

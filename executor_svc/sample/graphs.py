@@ -1,6 +1,6 @@
 """CUDA graphs for the sampler, logits processors and logprobs of decode steps, per decode size.
 
-A decode graph (cuda_graphs.py) leaves [size, V] logits in its shared output buffer, row i =
+A decode graph (worker/cuda_graphs.py) leaves [size, V] logits in its shared output buffer, row i =
 step row i. For the same size this module captures
   - a sample graph: the sampler (greedy and temperature rows: one Gumbel-max pass, no top-k /
     top-p) over all `size` rows into a static [size] int64 buffer, and those ids stored as the
@@ -23,10 +23,10 @@ import time
 
 import torch
 
-from executor_svc.logits_processors import (LogprobsOut, ProcessorParams, ProcessorTables,
+from executor_svc.sample.logits_processors import (LogprobsOut, ProcessorParams, ProcessorTables,
                                             apply_processors, compute_logprobs)
-from executor_svc.sampler import SamplingTensors, sample
-from executor_svc.step_buffers import StepBuffers
+from executor_svc.sample.sampler import SamplingTensors, sample
+from executor_svc.worker.step_buffers import StepBuffers
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Every function works on R rows of logits with per-row parameter tensors ([R]) and per-row
 tables gathered by persistent row (SamplingRows): the same code runs eagerly (CPU, prefill
-steps) and inside the captured sampler graphs (sampler_graphs.py). Neutral parameters are
+steps) and inside the captured sampler graphs (graphs.py). Neutral parameters are
 exact no-ops (x / 1, x * 1, x - 0, + 0), so a row that uses nothing samples exactly what it
 would without processors. Order, as vLLM V1: logit_bias and the min_tokens mask, then the
 repetition penalty, then frequency and presence penalties; min_p (after temperature) last.

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.logits_processors import LogprobsOut, compute_logprobs
-from executor_svc.sampling_rows import to_device
-from executor_svc.step_inputs import PromptLogprobRows
+from executor_svc.sample.logits_processors import LogprobsOut, compute_logprobs
+from executor_svc.sample.rows import to_device
+from executor_svc.worker.step_inputs import PromptLogprobRows
 from step_protocol.domain import Logprobs, PromptLogprobs
 
 PROMPT_CHUNK = 256  # prompt positions per logits matmul: bounds the [chunk, V] float32 temporaries

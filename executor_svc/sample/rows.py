@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from executor_svc.logits_processors import ProcessorTables
+from executor_svc.sample.logits_processors import ProcessorTables
 from step_protocol.domain import NewRequestData
 
 

@@ -1,5 +1,5 @@
 """Executor process: load the model, then serve the executor API (to the holder of the internal
-token only: auth.py), health and, when asked for, reflection."""
+token only: llmserve/bearer_auth.py), health and, when asked for, reflection."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from executor_svc.config import ExecutorConfig
+from llmserve.logs import configure_logging
 
 log = logging.getLogger("executor_svc")
 MAX_MESSAGE_BYTES = 64 << 20
@@ -28,9 +29,9 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-    from executor_svc.model_checks import ModelError
-    from executor_svc.servicer import ExecutorServicer
-    from executor_svc.startup import build_runner
+    from executor_svc.model_loader.checks import ModelError
+    from executor_svc.service.servicer import ExecutorServicer
+    from executor_svc.startup.build import build_runner
     from protos.llmserve.executor.v1 import executor_pb2, executor_pb2_grpc
     from protos.reflection import enable_reflection
 
@@ -148,8 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: llmserve-executor [flags] (also python -m executor_svc).
     SIGTERM and Ctrl-C stop it with exit 0 and no traceback, during start-up too."""
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # until the loop's handlers take over
-    logging.basicConfig(level=logging.INFO,  # the format of scheduler_svc/runtime.py, tagged executor
-                        format=f"%(asctime)s executor[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    configure_logging("INFO", "executor")  # the one format of every llmserve process (llmserve/logs.py)
     try:
         import uvloop
 

@@ -12,7 +12,7 @@ which positions have draft KV. In each step, before the target's forward (ModelR
 2. for verify rows (d drafts): the argmax of the catch-up's last position is draft 1, then d - 1
    one-token decode forwards over all verify rows (rows with fewer drafts write no KV there),
    greedy each time. The drafts stay on the device: they are scattered into the target's input
-   ids (after the host copy, same stream) and are the verify rows' draft_ids (spec_verify.py).
+   ids (after the host copy, same stream) and are the verify rows' draft_ids (verify.py).
 
 After a verify step the rows' num_computed is clamped to the target's (rejected positions are
 rolled back there first). Greedy drafts are point masses, so the rejection rule stays exact
@@ -32,13 +32,14 @@ import bisect
 import numpy as np
 import torch
 
-from executor_svc.attention import AttentionMetadata
-from executor_svc.cuda_graphs import GraphRunner
-from executor_svc.input_batch import InputBatch, RequestState
-from executor_svc.models.llama import KVCache, LlamaForCausalLM
-from executor_svc.spec_verify import VerifyRows
-from executor_svc.step_buffers import StepBuffers, Twin
-from executor_svc.step_inputs import Scheduled, StepLimits
+from executor_svc.models.attention import AttentionMetadata
+from executor_svc.models.kv_cache import KVCache
+from executor_svc.models.llama import LlamaForCausalLM
+from executor_svc.spec_decode.verify import VerifyRows
+from executor_svc.worker.cuda_graphs import GraphRunner
+from executor_svc.worker.input_batch import InputBatch, RequestState
+from executor_svc.worker.step_buffers import StepBuffers, Twin
+from executor_svc.worker.step_inputs import Scheduled, StepLimits
 
 
 class DraftProposer:

@@ -5,7 +5,7 @@ served max_model_len, and run on one device (no tensor parallelism yet).
 The draft is loaded like the target (model_source: a folder, or a GGUF converted once; the
 loader, --dtype and --quantization alike) and gets a KV cache of its own with the target's
 block count and block size, so it reuses the target's block tables and slot mapping
-(spec_draft.py). KV memory: the blocks are sized for both (kv_block_bytes).
+(draft.py). KV memory: the blocks are sized for both (kv_block_bytes).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-from executor_svc import kv_cache, loader, model_checks, model_source
 from executor_svc.config import ExecutorConfig
-from executor_svc.model_checks import ModelError
+from executor_svc.model_loader import checks as model_checks, safetensors as loader, source as model_source
+from executor_svc.model_loader.checks import ModelError
 from executor_svc.models.llama import LlamaForCausalLM
+from executor_svc.startup import kv_cache
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ hash (kernels/reference.py uniform_noise, Gumbel-max): replayable from (seed, po
 
 The row answers its accepted drafts and that one token. Its num_computed was advanced over all
 1 + d tokens at launch; the rejected drafts' slots are given back when the step is finished
-(Rollbacks, applied at the next launch). Verify steps replay mixed CUDA graphs (cuda_graphs.py:
+(Rollbacks, applied at the next launch). Verify steps replay mixed CUDA graphs (worker/cuda_graphs.py:
 their hidden states are kept) or run eagerly when larger than the largest.
 
 Chained verify rows (StepPlan.draft_chained; docs/scheduler.md, "Verify rows that keep the
@@ -35,10 +35,10 @@ import numpy as np
 import torch
 
 import kernels
-from executor_svc.input_batch import InputBatch, RequestState
-from executor_svc.sampler import apply_top_k_top_p
-from executor_svc.step_buffers import StepBuffers
-from executor_svc.step_inputs import Scheduled
+from executor_svc.sample.sampler import apply_top_k_top_p
+from executor_svc.worker.input_batch import InputBatch, RequestState
+from executor_svc.worker.step_buffers import StepBuffers
+from executor_svc.worker.step_inputs import Scheduled
 from kernels.reference import uniform_noise
 
 # Seeds of the acceptance uniforms: a stream apart from the Gumbel noise of the same position.
@@ -104,7 +104,7 @@ def prepare_verify(batch: InputBatch, buf: StepBuffers, sched: Scheduled, draft_
     """Writes the drafts of the verify rows (sched.drafts [B] > 0, plan order) into the host
     input buffers (the row's first token is its last sample, the rest its drafts); call after
     prepare_step, before the copy to the device. No draft_token_ids (a draft model proposes,
-    spec_draft.py): the drafts are written on the device later, and draft_ids with them."""
+    draft.py): the drafts are written on the device later, and draft_ids with them."""
     rows, counts, num_drafts = sched.rows, sched.counts, sched.drafts
     device = batch.last_sampled_gpu.device
     idx = np.flatnonzero(num_drafts)

@@ -14,27 +14,29 @@ import time
 import numpy as np
 import torch
 
-from executor_svc import draft_model, kv_cache, loader, model_checks, model_source
-from executor_svc.attention import AttentionMetadata
 from executor_svc.config import ExecutorConfig
-from executor_svc.cuda_graphs import GraphRunner
-from executor_svc.input_batch import InputBatch
-from executor_svc.model_runner import ModelRunner
+from executor_svc.model_loader import checks as model_checks, safetensors as loader, source as model_source
+from executor_svc.models.attention import AttentionMetadata
 from executor_svc.models.llama import LlamaForCausalLM
 from executor_svc.parallel.state import SINGLE, TensorParallel
 from executor_svc.quantization import fp8
-from executor_svc.sampler_graphs import SamplerGraphs
-from executor_svc.sampling_rows import SamplingRows
-from executor_svc.spec_draft import DraftProposer
-from executor_svc.step_buffers import StepBuffers
-from executor_svc.step_inputs import StepLimits
+from executor_svc.sample.graphs import SamplerGraphs
+from executor_svc.sample.rows import SamplingRows
+from executor_svc.spec_decode import draft_model
+from executor_svc.spec_decode.draft import DraftProposer
+from executor_svc.startup import kv_cache
+from executor_svc.worker.cuda_graphs import GraphRunner
+from executor_svc.worker.input_batch import InputBatch
+from executor_svc.worker.model_runner import ModelRunner
+from executor_svc.worker.step_buffers import StepBuffers
+from executor_svc.worker.step_inputs import StepLimits
+# the tables' widths: logit_bias entries, and the ids min_tokens masks (--max-stop-token-ids' default
+# plus the EOS ids), the limits the scheduler refuses above
+from llmserve.limits import MAX_LOGIT_BIAS, MAX_MIN_TOKENS_STOP_IDS
 from step_protocol.domain import ExecutorInfo
 
 log = logging.getLogger(__name__)
 PROFILE_SEQ_LEN = 512  # the profiling step is max_num_batched_tokens as sequences of this length
-MAX_LOGIT_BIAS = 300  # logit_bias entries per request (OpenAI's limit)
-# ids min_tokens may mask: the scheduler's --max-stop-token-ids (256) plus the EOS ids
-MAX_MIN_TOKENS_STOP_IDS = 288
 
 
 def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRunner:
@@ -53,7 +55,7 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRu
     model.skinny_max_tokens = config.skinny_max_tokens if device.type == "cuda" and not fp8.is_fp8(model) else 0
     log.info("loaded %s in %.2f s", model_path, time.perf_counter() - t0)
     draft = draft_path = None
-    if config.speculative_model:  # speculative decoding's draft model (spec_draft.py)
+    if config.speculative_model:  # speculative decoding's draft model (spec_decode/draft.py)
         draft, draft_path = draft_model.load_draft(config, model, model_path, max_model_len, tp.size)
     args = model.args
     limits = StepLimits(config.block_size, max_model_len, config.max_num_seqs,
@@ -83,7 +85,7 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRu
                              max_model_len, config.mixed_cuda_graph_sizes)
         sampler_graphs = SamplerGraphs(graphs.logits, batch.last_sampled_gpu, buffers, sampling.tables,
                                        graphs.sizes, max_logprobs, graphs.pool)
-        if drafter is not None:  # its catch-up steps while not speculating (spec_draft.py)
+        if drafter is not None:  # its catch-up steps while not speculating (spec_decode/draft.py)
             drafter.capture_graphs(config.cuda_graph_sizes, max_model_len)
     info = ExecutorInfo(
         model_name=config.model_name or source.name, model_path=str(model_path),

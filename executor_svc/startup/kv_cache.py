@@ -11,7 +11,8 @@ import logging
 
 import torch
 
-from executor_svc.models.llama import KVCache, ModelArgs
+from executor_svc.models.kv_cache import KVCache
+from executor_svc.models.llama import ModelArgs
 
 log = logging.getLogger(__name__)
 _GIB = 1 << 30

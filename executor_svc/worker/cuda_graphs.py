@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from executor_svc.attention import AttentionMetadata
+from executor_svc.models.attention import AttentionMetadata
 
 if TYPE_CHECKING:
-    from executor_svc.models.llama import KVCache, LlamaForCausalLM
-    from executor_svc.step_buffers import StepBuffers
-    from executor_svc.step_inputs import PreparedStep
+    from executor_svc.models.kv_cache import KVCache
+    from executor_svc.models.llama import LlamaForCausalLM
+    from executor_svc.worker.step_buffers import StepBuffers
+    from executor_svc.worker.step_inputs import PreparedStep
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from executor_svc.sampling_rows import SamplingRows
+from executor_svc.sample.rows import SamplingRows
 from step_protocol.domain import NewRequestData
 
 
@@ -43,7 +43,7 @@ class InputBatch:
         # [max_num_seqs + 1] int64; the extra row is scratch for padded rows of a graph
         self.last_sampled_gpu = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=device)
         # Per row: whether its last verify row (and every row of its chain) accepted every
-        # draft; read by a chained verify row (spec_verify.py), written by every verify row.
+        # draft; read by a chained verify row (spec_decode/verify.py), written by every verify row.
         self.chain_ok_gpu = torch.zeros(max_num_seqs + 1, dtype=torch.bool, device=device)
 
     def add(self, new: NewRequestData) -> RequestState:

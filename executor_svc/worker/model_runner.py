@@ -12,20 +12,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from executor_svc.attention import AttentionMetadata
-from executor_svc.cuda_graphs import GraphRunner, GraphShape
-from executor_svc.input_batch import InputBatch
-from executor_svc.logits_processors import apply_processors, compute_logprobs, count_tokens
-from executor_svc.models.llama import KVCache, LlamaForCausalLM
-from executor_svc.plan_apply import Admitted, admit
-from executor_svc.sampler import sample
-from executor_svc.sampler_graphs import SamplerGraphs, processor_params, sampling_params
-from executor_svc.spec_draft import DraftProposer
-from executor_svc.spec_verify import Rollbacks, VerifyRows, prepare_verify, verify, verify_result
-from executor_svc.step_buffers import StepBuffers
-from executor_svc.step_inputs import PreparedStep, Scheduled, StepLimits, prepare_step
-from executor_svc.step_logprobs import PendingLogprobs, PendingPromptLogprobs, prompt_logprobs
-from executor_svc.step_timer import StepTimer
+from executor_svc.models.attention import AttentionMetadata
+from executor_svc.models.kv_cache import KVCache
+from executor_svc.models.llama import LlamaForCausalLM
+from executor_svc.sample.graphs import SamplerGraphs, processor_params, sampling_params
+from executor_svc.sample.logits_processors import apply_processors, compute_logprobs, count_tokens
+from executor_svc.sample.logprobs import PendingLogprobs, PendingPromptLogprobs, prompt_logprobs
+from executor_svc.sample.sampler import sample
+from executor_svc.spec_decode.draft import DraftProposer
+from executor_svc.spec_decode.verify import Rollbacks, VerifyRows, prepare_verify, verify, verify_result
+from executor_svc.worker.cuda_graphs import GraphRunner, GraphShape
+from executor_svc.worker.input_batch import InputBatch
+from executor_svc.worker.plan_apply import Admitted, admit
+from executor_svc.worker.step_buffers import StepBuffers
+from executor_svc.worker.step_inputs import PreparedStep, Scheduled, StepLimits, prepare_step
+from executor_svc.worker.step_timer import StepTimer
 from step_protocol.domain import ExecutorInfo, StepPlan, StepResult
 
 
@@ -40,7 +41,7 @@ class StepHandle:
     prev_end: torch.cuda.Event | None = None  # the previous step's completion (device idle)
     logprobs: PendingLogprobs | None = None
     prompt_logprobs: PendingPromptLogprobs | None = None
-    verify: VerifyRows | None = None  # speculative decoding's verify rows (spec_verify.py)
+    verify: VerifyRows | None = None  # speculative decoding's verify rows (spec_decode/verify.py)
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -53,7 +54,7 @@ class ModelRunner:
     """Launches and finishes the steps of one device over what start-up built: the model, its
     KV caches, the persistent request rows (batch), the static step buffers and, on CUDA, the
     captured decode graphs (None = always eager) with their processor/logprobs graphs.
-    `info` is the handshake answer. drafter: speculative decoding's draft model (spec_draft.py;
+    `info` is the handshake answer. drafter: speculative decoding's draft model (spec_decode/draft.py;
     start-up sets it), None without one."""
 
     drafter: DraftProposer | None = None

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from executor_svc.input_batch import InputBatch
-from executor_svc.plan_checks import check_plan
-from executor_svc.step_inputs import Scheduled
+from executor_svc.worker.input_batch import InputBatch
+from executor_svc.worker.plan_checks import check_plan
+from executor_svc.worker.step_inputs import Scheduled
 from step_protocol.domain import ExecutorInfo, StepPlan
 from step_protocol.plan_rows import without_rows
 

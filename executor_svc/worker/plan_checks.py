@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from executor_svc.input_batch import InputBatch
-from executor_svc.new_request_checks import check_new_request
+from executor_svc.worker.input_batch import InputBatch
+from executor_svc.worker.new_request_checks import check_new_request
 from step_protocol.domain import ExecutorInfo, StepPlan
 from step_protocol.plan_rows import without_rows
 
@@ -51,7 +51,7 @@ class CheckedPlan:
     cached_rows: np.ndarray  # [C] int64: persistent rows of plan.cached_requests.req_ids
     num_new_blocks: np.ndarray  # [C] int64: plan.cached_requests.num_new_blocks
     num_drafts: np.ndarray | None = None  # [C] int64 draft tokens per cached row; None = none
-    chained: np.ndarray | None = None  # [C] bool: chained verify rows (spec_verify.py); None = none
+    chained: np.ndarray | None = None  # [C] bool: chained verify rows (spec_decode/verify.py); None = none
     failed: list[tuple[int, str]] = field(default_factory=list)  # (req_id, why) of dropped rows
 
 
@@ -94,7 +94,7 @@ def _check_rows(plan: StepPlan, batch: InputBatch, info: ExecutorInfo) -> Checke
 
 
 def _check_draft_columns(plan: StepPlan, info: ExecutorInfo) -> None:
-    """The draft columns fit the cached rows (speculative decoding, spec_verify.py)."""
+    """The draft columns fit the cached rows (speculative decoding, spec_decode/verify.py)."""
     num_cached = len(plan.cached_requests.req_ids)
     if len(plan.draft_chained) > num_cached:
         raise PlanError(f"draft_chained has {len(plan.draft_chained)} entries for {num_cached} cached rows")
@@ -103,7 +103,7 @@ def _check_draft_columns(plan: StepPlan, info: ExecutorInfo) -> None:
     counts = np.asarray(plan.num_draft_tokens, dtype=np.int64).reshape(-1)
     if len(counts) > num_cached or (counts < 0).any():
         raise PlanError(f"num_draft_tokens {list(counts[:8])} do not fit {num_cached} cached rows")
-    if info.draft_model_path and plan.draft_token_ids:  # its draft model proposes (spec_draft.py)
+    if info.draft_model_path and plan.draft_token_ids:  # its draft model proposes (spec_decode/draft.py)
         raise PlanError("draft_token_ids sent to an executor with a draft model: its plans carry "
                         "num_draft_tokens only")
     if not info.draft_model_path and int(counts.sum()) != len(plan.draft_token_ids):
@@ -113,7 +113,7 @@ def _check_draft_columns(plan: StepPlan, info: ExecutorInfo) -> None:
 
 def _check_drafts(plan: StepPlan, rows: np.ndarray, n: np.ndarray, batch: InputBatch,
                   info: ExecutorInfo) -> np.ndarray | None:
-    """Draft tokens (speculative decoding, spec_verify.py): [C] counts, or None without any.
+    """Draft tokens (speculative decoding, spec_decode/verify.py): [C] counts, or None without any.
     A verify row computes 1 + d tokens from its last sampled or last known token, with
     sampling the verifier implements (no logits processor, no logprobs). The columns were
     checked (_check_draft_columns)."""
@@ -139,7 +139,7 @@ def _check_drafts(plan: StepPlan, rows: np.ndarray, n: np.ndarray, batch: InputB
 
 
 def _check_chained(plan: StepPlan, num_drafts: np.ndarray | None) -> np.ndarray | None:
-    """Chained verify rows (spec_verify.py): [C] bool, or None without any; a chained row has
+    """Chained verify rows (spec_decode/verify.py): [C] bool, or None without any; a chained row has
     drafts (the plan's, or as many as the draft model proposes)."""
     if not plan.draft_chained:
         return None

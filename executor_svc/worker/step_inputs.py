@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from executor_svc.input_batch import InputBatch
-from executor_svc.step_buffers import StepBuffers
+from executor_svc.worker.input_batch import InputBatch
+from executor_svc.worker.step_buffers import StepBuffers
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Scheduled:
     rows: np.ndarray  # [B] int64 persistent rows
     counts: np.ndarray  # [B] int64 num_scheduled_tokens
     drafts: np.ndarray | None = None  # [B] int64 draft tokens of verify rows; None = none
-    chained: np.ndarray | None = None  # [B] bool: chained verify rows (spec_verify.py); None = none
+    chained: np.ndarray | None = None  # [B] bool: chained verify rows (spec_decode/verify.py); None = none
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from benchmarks.spec_step_cost import FIELDS, compare
 from executor_svc.config import ExecutorConfig
-from executor_svc.random_model import build_random_model
-from executor_svc.startup import build_runner
+from executor_svc.model_loader.random_model import build_random_model
+from executor_svc.startup.build import build_runner
 
 
 def test_forced_speculation_verifies_every_decode_step(tmp_path):

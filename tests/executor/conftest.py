@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from executor_svc.config import ExecutorConfig
-from executor_svc.model_runner import ModelRunner
-from executor_svc.random_model import build_random_model
-from executor_svc.startup import build_runner
+from executor_svc.model_loader.random_model import build_random_model
+from executor_svc.startup.build import build_runner
+from executor_svc.worker.model_runner import ModelRunner
 from step_protocol.domain import CachedRequestData
 
 ARCHS = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from executor_svc.config import ExecutorConfig, default_mixed_cuda_graph_sizes
-from executor_svc.model_runner import ModelRunner
-from executor_svc.startup import build_runner
+from executor_svc.startup.build import build_runner
+from executor_svc.worker.model_runner import ModelRunner
 from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import decode_rows
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
-from executor_svc.gguf_model import _GLOBAL_TENSORS, _LAYER_TENSORS
+from executor_svc.model_loader.gguf import _GLOBAL_TENSORS, _LAYER_TENSORS
 
 # the converter's table read backwards (the tensor-by-tensor test against transformers' own GGUF
 # loading checks the table itself)

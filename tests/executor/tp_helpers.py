@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import torch
 
-from executor_svc.attention import AttentionMetadata
+from executor_svc.models.attention import AttentionMetadata
 from executor_svc.parallel.state import SINGLE, TensorParallel
 
 
@@ -72,8 +72,8 @@ def _meta(start: int, end: int, block_ids: list[int], block_size: int) -> Attent
 def model_greedy(tp: TensorParallel, path, prompt: list[int], num_tokens: int, quantization: str = ""):
     """Greedy tokens, the [num_tokens, V] logits they came from and the rank's (query heads,
     KV heads, MLP rows, vocabulary rows), through load_model with tp (and --quantization)."""
-    from executor_svc.kv_cache import allocate_kv_caches
-    from executor_svc.loader import load_model
+    from executor_svc.model_loader.safetensors import load_model
+    from executor_svc.startup.kv_cache import allocate_kv_caches
 
     model = load_model(path, "cpu", torch.float32, quantization=quantization, tp=tp)
     caches = allocate_kv_caches(model.cache_args, 8, 16, torch.float32, torch.device("cpu"))
@@ -104,7 +104,7 @@ def runner_scenario(tp: TensorParallel, path):
     failed_req_ids, logprobs, prompt logprobs), or ("refused", error).
     The other ranks serve what rank 0 sends and return None."""
     from executor_svc.parallel.runner import serve_plans
-    from executor_svc.plan_checks import PlanError
+    from executor_svc.worker.plan_checks import PlanError
     from step_protocol.domain import (
         CachedRequestData,
         NewRequestData,
@@ -116,7 +116,7 @@ def runner_scenario(tp: TensorParallel, path):
     runner = make_runner(path, num_kv_blocks=64)
     if tp.size > 1:  # built again on the rank's shard (make_runner builds the single one)
         from executor_svc.config import ExecutorConfig
-        from executor_svc.startup import build_runner
+        from executor_svc.startup.build import build_runner
 
         runner = build_runner(ExecutorConfig(model=str(path), device="cpu", dtype="float32", max_num_seqs=8,
                                              max_num_batched_tokens=256, num_kv_blocks=64, max_model_len=512), tp)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from executor_svc.random_model import build_random_model
+from executor_svc.model_loader.random_model import build_random_model
 from benchmarks.cluster import Cluster
 
 

@@ -33,7 +33,7 @@ def test_bf16_on_cuda_agrees_with_the_fp32_cpu_reference(smol):
 def test_graph_replay_equals_eager_on_real_text(smol):
     from benchmarks.inprocess import greedy_tokens
     from executor_svc.config import ExecutorConfig
-    from executor_svc.startup import build_runner
+    from executor_svc.startup.build import build_runner
 
     folders, prompts, reference = smol
     runner = build_runner(ExecutorConfig.from_args([

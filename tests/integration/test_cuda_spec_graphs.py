@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from executor_svc.config import ExecutorConfig
-from executor_svc.random_model import build_random_model
-from executor_svc.startup import build_runner
+from executor_svc.model_loader.random_model import build_random_model
+from executor_svc.startup.build import build_runner
 from tests.integration.test_spec_decode import (
     SPEC,
     generate,
@@ -82,7 +82,7 @@ def test_draft_model_on_cuda_with_graphs_is_token_exact(tmp_path_factory, draft_
 
 
 def test_draft_decode_graphs_write_the_eager_kv(tmp_path_factory):
-    """The draft's one-token catch-up steps replay its decode graphs (spec_draft.py) and write
+    """The draft's one-token catch-up steps replay its decode graphs (spec_decode/draft.py) and write
     the same draft KV as eager catch-ups (fp32), over whole generations without speculation."""
     base = tmp_path_factory.mktemp("cuda-draft-kv")
     target = build_random_model(base / "target", "tiny-llama")

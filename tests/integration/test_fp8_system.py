@@ -6,10 +6,10 @@ the runner's own FP8 tokens."""
 import torch
 
 from benchmarks.cluster import generate
-from executor_svc import kv_cache
-from executor_svc.loader import load_model
+from executor_svc.model_loader.safetensors import load_model
+from executor_svc.startup import kv_cache
 from tests.executor.conftest import make_runner
-from tests.executor.test_sliding_window import runner_greedy
+from tests.executor.models.test_sliding_window import runner_greedy
 from tests.integration.conftest import start_cluster
 
 PROMPT, MAX_TOKENS = [7, 70, 170, 9, 99, 3, 33], 12

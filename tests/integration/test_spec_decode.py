@@ -11,8 +11,8 @@ import pytest
 
 from benchmarks.inprocess import InProcessTransport
 from executor_svc.config import ExecutorConfig
-from executor_svc.random_model import build_random_model
-from executor_svc.startup import build_runner
+from executor_svc.model_loader.random_model import build_random_model
+from executor_svc.startup.build import build_runner
 from llmserve.speculative import SpecDecodeConfig
 from scheduler_svc.core.request import Request, SamplingParams
 from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig

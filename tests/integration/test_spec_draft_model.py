@@ -1,4 +1,4 @@
-"""Speculative decoding with a draft model (executor_svc/spec_draft.py) end to end on tiny
+"""Speculative decoding with a draft model (executor_svc/spec_decode/draft.py) end to end on tiny
 random models: the scheduler core driving a real ModelRunner through the step loop (as in
 test_spec_decode.py), and both services as processes. Greedy outputs must be token-exact with
 speculation off whatever the draft; a draft identical to the target accepts every draft; the
@@ -18,11 +18,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from benchmarks.inprocess import InProcessTransport
-from executor_svc import draft_model
 from executor_svc.config import ExecutorConfig
-from executor_svc.model_checks import ModelError
-from executor_svc.random_model import build_random_model
-from executor_svc.startup import build_runner
+from executor_svc.model_loader.checks import ModelError
+from executor_svc.model_loader.random_model import build_random_model
+from executor_svc.spec_decode import draft_model
+from executor_svc.startup.build import build_runner
 from llmserve.speculative import SpecDecodeConfig
 from scheduler_svc.core.request import Request, SamplingParams
 from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig

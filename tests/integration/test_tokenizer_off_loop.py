@@ -49,7 +49,7 @@ def poll_health(port: int, answers: list, deadline_s: float = 90.0) -> None:
 
 
 def test_health_answers_while_the_tokenizer_loads(tmp_path, monkeypatch):
-    from executor_svc.random_model import build_tokenizer
+    from executor_svc.model_loader.random_model import build_tokenizer
 
     build_tokenizer(tmp_path, 1024, 4096)
     port, executor_port = free_ports(2)

@@ -28,7 +28,7 @@ def bench_decode(batch: int, context: int = 512, max_blocks: int = 256) -> None:
     line = (f"decode batch {batch:3d} ctx {context}: eager {eager_ms * 1e3:7.1f} us, graph {graph_ms * 1e3:7.1f} us, "
             f"KV {kv_bytes / 1e6:6.1f} MB -> {kv_bytes / graph_ms / 1e9:5.2f} TB/s")
     try:
-        from executor_svc.layers import paged_decode_attention_torch
+        from executor_svc.models.layers import paged_decode_attention_torch
         torch_ms = triton.testing.do_bench_cudagraph(lambda: paged_decode_attention_torch(*args), rep=100,
                                                      return_mode="median")
         line += f"; torch fallback graph {torch_ms * 1e3:7.1f} us ({torch_ms / graph_ms:.1f}x)"

@@ -248,7 +248,7 @@ def test_uniform_noise_matches_the_hash_in_python_ints():
 
 
 def _previous_torch_sampler(logits, temperature, seeds, positions):
-    """executor_svc/sampler.sample() before kernels.gumbel_sample (no top-k/top-p), verbatim."""
+    """executor_svc/sample/sampler.sample() before kernels.gumbel_sample (no top-k/top-p), verbatim."""
     greedy = logits.argmax(dim=-1)
     scaled = logits / temperature.clamp_min(1e-5)[:, None]
     u = ref.uniform_noise(seeds, positions, logits.shape[-1])

@@ -77,11 +77,11 @@ def test_max_rows_constant_matches_the_kernel():
 def test_model_skinny_path_matches_default_path_on_cpu(tmp_path, monkeypatch):
     """The fused layer wiring (via the references on CPU, forced on) == the default path; and
     with the switch on, CPU tensors never take it."""
-    from executor_svc import layers
-    from executor_svc.kv_cache import allocate_kv_caches
-    from executor_svc.loader import load_model
-    from executor_svc.random_model import build_random_model
-    from tests.executor.test_model import _prefill_meta
+    from executor_svc.model_loader.random_model import build_random_model
+    from executor_svc.model_loader.safetensors import load_model
+    from executor_svc.models import layers
+    from executor_svc.startup.kv_cache import allocate_kv_caches
+    from tests.executor.models.test_model import _prefill_meta
 
     for arch in ("tiny-qwen2", "tiny-qwen3"):  # qkv bias; q/k norm
         model = load_model(build_random_model(tmp_path / arch, arch), "cpu", torch.float32)
@@ -232,7 +232,7 @@ def test_bad_arguments_raise():
 def test_model_greedy_tokens_equal_with_skinny_on_and_off(tmp_path, arch):
     """float32 tiny model: eager decode tokens with the skinny path off == on (batches 1, 5, 16),
     then graphs re-captured with it on replay the same tokens as eager steps."""
-    from executor_svc.random_model import build_random_model
+    from executor_svc.model_loader.random_model import build_random_model
     from tests.executor.cuda_helpers import (
         Driver,
         check_graph_tokens_equal_eager,

@@ -13,16 +13,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from executor_svc import gguf_model
-from executor_svc.attention import AttentionMetadata
-from executor_svc.gguf_model import GGUFError, converted_folder, find_gguf
-from executor_svc.kv_cache import allocate_kv_caches
-from executor_svc.loader import load_model
-from executor_svc.model_checks import ModelError
-from executor_svc.random_model import build_random_model
+from executor_svc.model_loader import gguf as gguf_model
+from executor_svc.model_loader.checks import ModelError
+from executor_svc.model_loader.gguf import GGUFError, converted_folder, find_gguf
+from executor_svc.model_loader.random_model import build_random_model
+from executor_svc.model_loader.safetensors import load_model
+from executor_svc.models.attention import AttentionMetadata
+from executor_svc.startup.kv_cache import allocate_kv_caches
 from scheduler_svc.core.tokenizer import Tokenizer
 from tests.executor.gguf_files import write_gguf
-from tests.executor.test_model_checks import _one_error_line, _start
+from tests.executor.model_loader.test_model_checks import _one_error_line, _start
 
 # transformers' GGUF config mapping ignores key_length: llama and qwen2 get head_dim = hidden /
 # heads, qwen3 its config's default 128, so only these shapes load there. Qwen3 is tied, as the
@@ -170,7 +170,7 @@ def test_second_call_uses_the_cached_folder(source, tmp_path, monkeypatch, caplo
         raise AssertionError("converted again")
 
     monkeypatch.setattr(gguf_model, "convert", no_conversion)
-    with caplog.at_level(logging.INFO, logger="executor_svc.gguf_model"):
+    with caplog.at_level(logging.INFO, logger="executor_svc.model_loader.gguf"):
         assert converted_folder(gguf_file, tmp_path / "cache", torch.float32) == folder
     assert f"GGUF m.gguf: using the converted model in {folder}" in caplog.text
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == mtimes

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from executor_svc.loader import load_hf_config
-from executor_svc.model_checks import (ModelError, layer_windows, rope_max_positions, served_max_model_len,
+from executor_svc.model_loader.checks import (ModelError, layer_windows, rope_max_positions, served_max_model_len,
                                        sliding_window)
+from executor_svc.model_loader.safetensors import load_hf_config
 from tests.executor.conftest import make_runner
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048, "rope_theta": 1e4}
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
 LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8, "factor": 2.0,

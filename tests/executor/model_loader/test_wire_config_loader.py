@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from executor_svc.config import ExecutorConfig, default_cuda_graph_sizes
-from executor_svc.loader import eos_token_ids, load_hf_config, load_model
-from executor_svc.random_model import build_random_model
+from executor_svc.model_loader.random_model import build_random_model
+from executor_svc.model_loader.safetensors import eos_token_ids, load_hf_config, load_model
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from step_protocol import codec
 from step_protocol.domain import (CachedRequestData, ExecutorInfo, NewRequestData, SamplerParams,

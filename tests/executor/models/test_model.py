@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.attention import AttentionMetadata
-from executor_svc.kv_cache import allocate_kv_caches
-from executor_svc.loader import load_model
+from executor_svc.model_loader.safetensors import load_model
+from executor_svc.models.attention import AttentionMetadata
+from executor_svc.startup.kv_cache import allocate_kv_caches
 from tests.executor.conftest import ARCHS
 
 
@@ -38,7 +38,7 @@ def test_logits_match_transformers(arch, model_dirs, hf_models):
 def test_llama3_rope_matches_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from executor_svc.random_model import build_random_model
+    from executor_svc.model_loader.random_model import build_random_model
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64, "rope_theta": 500000.0}

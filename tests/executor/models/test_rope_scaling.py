@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc import layers
-from executor_svc.attention import AttentionMetadata
-from executor_svc.kv_cache import allocate_kv_caches
-from executor_svc.loader import load_model
+from executor_svc.model_loader.random_model import build_random_model
+from executor_svc.model_loader.safetensors import load_model
+from executor_svc.models import layers
+from executor_svc.models.attention import AttentionMetadata
 from executor_svc.models.llama import ModelArgs
-from executor_svc.random_model import build_random_model
+from executor_svc.startup.kv_cache import allocate_kv_caches
 from tests.executor.conftest import hf_greedy, make_runner
-from tests.executor.test_sliding_window import runner_greedy
+from tests.executor.models.test_sliding_window import runner_greedy
 
 THETA = 1e4
 LINEAR = {"rope_type": "linear", "factor": 4.0, "rope_theta": THETA}

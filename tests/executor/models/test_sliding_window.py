@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.random_model import build_random_model
+from executor_svc.model_loader.random_model import build_random_model
 from step_protocol.domain import CachedRequestData, NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import decode_rows, hf_greedy, make_runner
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from executor_svc.model_loader.random_model import build_random_model
 from executor_svc.parallel.state import ParallelError, TensorParallel
-from executor_svc.random_model import build_random_model
 from tests.executor.tp_helpers import model_greedy, run_ranks, runner_scenario, single
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 61, 11, 300, 23, 8, 190, 77, 2, 140, 33, 9]
@@ -83,7 +83,7 @@ def test_the_flag_goes_from_the_launcher_to_the_executor():
 
 def test_what_does_not_split_is_refused_before_any_rank_starts(tmp_path, model_dirs):
     from executor_svc.config import ExecutorConfig
-    from executor_svc.model_checks import ModelError
+    from executor_svc.model_loader.checks import ModelError
     from executor_svc.parallel.launch import check_splits
 
     path = model_dirs["tiny-llama"]

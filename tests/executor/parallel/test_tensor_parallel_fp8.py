@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from executor_svc.config import ExecutorConfig
-from executor_svc.model_checks import ModelError
+from executor_svc.model_loader.checks import ModelError
 from executor_svc.parallel.state import TensorParallel
 from tests.executor.fp8_files import add_kv_scales, write_fp8_pair
 from tests.executor.tp_helpers import model_greedy, run_ranks, single
@@ -42,7 +42,7 @@ def test_quantization_at_load_on_two_ranks_gives_the_tokens_of_one(model_dirs):
 
 
 def test_quantized_shards_are_the_single_device_weights(model_dirs):
-    from executor_svc.loader import load_model
+    from executor_svc.model_loader.safetensors import load_model
 
     path = model_dirs["tiny-llama"]
     whole = load_model(path, "cpu", torch.float32, quantization="fp8").layers[0]
@@ -57,8 +57,8 @@ def test_quantized_shards_are_the_single_device_weights(model_dirs):
 
 def _runner_greedy(tp, path, num_tokens: int):
     from executor_svc.parallel.runner import serve_plans
-    from executor_svc.startup import build_runner
-    from tests.executor.test_fp8 import greedy
+    from executor_svc.startup.build import build_runner
+    from tests.executor.quantization.test_fp8 import greedy
 
     runner = build_runner(ExecutorConfig(model=str(path), device="cpu", dtype="float32", max_num_seqs=4,
                                          max_num_batched_tokens=128, num_kv_blocks=32, max_model_len=256,
@@ -83,7 +83,7 @@ def test_kv_cache_scales_on_two_ranks(tmp_path, model_dirs):
 @pytest.mark.parametrize("block, named", [([16, 48], "o_proj: rank 0's columns [0, 32)"),
                                           ([32, 32], "k_proj: rank 0's rows [0, 16)")])
 def test_a_block_split_by_a_shard_is_refused(tmp_path, model_dirs, block, named):
-    from executor_svc.loader import load_model
+    from executor_svc.model_loader.safetensors import load_model
     from executor_svc.parallel.launch import check_splits
 
     fp8_dir, _ = write_fp8_pair(model_dirs["tiny-llama"], tmp_path, "fp8-block", block=block)

@@ -19,7 +19,7 @@ from protos.llmserve.executor.v1 import executor_pb2 as pb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
 from step_protocol import codec
 from tests.executor.conftest import make_runner
-from tests.executor.test_server import decode, new_plan
+from tests.executor.service.test_server import decode, new_plan
 from tests.executor.tp_helpers import free_port
 
 FLAGS = ["--device", "cpu", "--insecure-no-auth", "--cpu-kv-cache-gib", "0.001", "--max-num-seqs", "4",

@@ -13,7 +13,7 @@ from tests.executor.tp_helpers import run_ranks, single
 
 def _scenario(tp, path):
     from executor_svc.parallel.runner import serve_plans
-    from executor_svc.startup import build_runner
+    from executor_svc.startup.build import build_runner
     from tests.integration.test_spec_decode import SPEC, generate, prompts_for
 
     runner = build_runner(ExecutorConfig(model=str(path), device="cpu", dtype="float32", max_num_seqs=8,

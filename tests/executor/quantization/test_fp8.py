@@ -10,12 +10,12 @@ import json
 import pytest
 import torch
 
-from executor_svc.attention import AttentionMetadata
 from executor_svc.config import ExecutorConfig
-from executor_svc.kv_cache import allocate_kv_caches
-from executor_svc.loader import load_hf_config, load_model
-from executor_svc.model_checks import ModelError
+from executor_svc.model_loader.checks import ModelError
+from executor_svc.model_loader.safetensors import load_hf_config, load_model
+from executor_svc.models.attention import AttentionMetadata
 from executor_svc.quantization.fp8 import FP8_PROJECTIONS, Fp8Linear
+from executor_svc.startup.kv_cache import allocate_kv_caches
 from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import ARCHS, decode_rows, make_runner
 from tests.executor.fp8_files import (

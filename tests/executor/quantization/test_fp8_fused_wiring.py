@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import kernels
-from executor_svc.loader import load_model
+from executor_svc.model_loader.safetensors import load_model
 from executor_svc.quantization.fp8 import Fp8Linear
 from kernels.fp8_reference import Fp8Activation, activation_group_size
 from tests.executor.fp8_files import write_fp8_pair
-from tests.executor.test_fp8 import logits_of, projections
+from tests.executor.quantization.test_fp8 import logits_of, projections
 
 
 @pytest.mark.parametrize("fmt,block", [("ct-channel", None), ("fp8-tensor", None), ("fp8-block", [32, 32])])

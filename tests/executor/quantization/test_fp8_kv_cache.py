@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from benchmarks.fp8_accuracy import teacher_forced_logits
-from executor_svc import kv_cache
 from executor_svc.config import ExecutorConfig
-from executor_svc.loader import load_model
+from executor_svc.model_loader.safetensors import load_model
+from executor_svc.startup import kv_cache
 from tests.executor.conftest import make_runner
-from tests.executor.test_sliding_window import runner_greedy
+from tests.executor.models.test_sliding_window import runner_greedy
 
 FP8 = torch.float8_e4m3fn
 PROMPT = list(range(5, 45))

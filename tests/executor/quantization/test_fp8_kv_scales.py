@@ -13,12 +13,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from benchmarks.fp8_accuracy import compare, teacher_forced_logits
-from executor_svc.attention import AttentionMetadata
-from executor_svc.kv_cache import allocate_kv_caches
-from executor_svc.loader import load_model
+from executor_svc.model_loader.safetensors import load_model
+from executor_svc.models.attention import AttentionMetadata
+from executor_svc.startup.kv_cache import allocate_kv_caches
 from tests.executor.conftest import make_runner
 from tests.executor.fp8_files import add_kv_scales, shrink_kv, write_fp8_pair
-from tests.executor.test_sliding_window import runner_greedy
+from tests.executor.models.test_sliding_window import runner_greedy
 
 FP8 = torch.float8_e4m3fn
 PROMPT = list(range(5, 45))
@@ -92,7 +92,7 @@ def test_fp8_caches_hold_exactly_the_checkpoint_scales(tmp_path, model_dirs, fmt
 
 def test_auto_keeps_the_model_dtype_and_ignores_the_scales_as_vllm(small_kv, caplog):
     fp8_dir, scales, _ = small_kv
-    caplog.set_level(logging.INFO, logger="executor_svc.kv_cache")
+    caplog.set_level(logging.INFO, logger="executor_svc.startup.kv_cache")
     runner = make_runner(fp8_dir)
     assert "not used, --kv-cache-dtype auto keeps the KV cache in torch.float32" in caplog.text
     for cache in runner.kv_caches:
@@ -175,7 +175,7 @@ LOADER_REFUSED = [
 
 @pytest.mark.parametrize("edit,named", [r[1:] for r in LOADER_REFUSED], ids=[r[0] for r in LOADER_REFUSED])
 def test_bad_kv_scale_tensors_are_refused_by_name(tmp_path, model_dirs, edit, named):
-    from executor_svc.model_checks import ModelError
+    from executor_svc.model_loader.checks import ModelError
 
     fp8_dir, _ = write_fp8_pair(model_dirs["tiny-llama"], tmp_path, "ct-tensor")
     add_kv_scales(fp8_dir, FIXED)
@@ -189,7 +189,7 @@ def test_bad_kv_scale_tensors_are_refused_by_name(tmp_path, model_dirs, edit, na
 def test_kv_scales_without_a_kv_cache_scheme_are_refused(tmp_path, model_dirs, fmt):
     import json
 
-    from executor_svc.model_checks import ModelError
+    from executor_svc.model_loader.checks import ModelError
 
     fp8_dir, _ = write_fp8_pair(model_dirs["tiny-llama"], tmp_path, fmt)
     add_kv_scales(fp8_dir, FIXED, "output" if fmt.startswith("fp8") else "attn")
@@ -226,10 +226,10 @@ SCHEME_REFUSED = [
 
 @pytest.mark.parametrize("scheme,named", [r[1:] for r in SCHEME_REFUSED], ids=[r[0] for r in SCHEME_REFUSED])
 def test_other_kv_cache_schemes_are_refused_by_name(tmp_path, model_dirs, scheme, named):
-    from executor_svc.loader import load_hf_config
-    from executor_svc.model_checks import ModelError
+    from executor_svc.model_loader.checks import ModelError
+    from executor_svc.model_loader.safetensors import load_hf_config
     from tests.executor.fp8_files import compressed_config
-    from tests.executor.test_fp8 import _with_quantization
+    from tests.executor.quantization.test_fp8 import _with_quantization
 
     config = {**compressed_config("channel", None), "kv_cache_scheme": scheme}
     with pytest.raises(ModelError) as raised:
@@ -242,9 +242,9 @@ def test_other_kv_cache_schemes_are_refused_by_name(tmp_path, model_dirs, scheme
 
 @pytest.mark.parametrize("scheme", ["dynamic", {"num_bits": 8, "type": "float"}])
 def test_an_fp8_config_takes_only_autofp8s_static_kv_scheme(tmp_path, model_dirs, scheme):
-    from executor_svc.loader import load_hf_config
-    from executor_svc.model_checks import ModelError
-    from tests.executor.test_fp8 import _with_quantization
+    from executor_svc.model_loader.checks import ModelError
+    from executor_svc.model_loader.safetensors import load_hf_config
+    from tests.executor.quantization.test_fp8 import _with_quantization
 
     config = {"quant_method": "fp8", "activation_scheme": "static", "kv_cache_scheme": scheme}
     with pytest.raises(ModelError, match=r"quant_method 'fp8'\): kv_cache_scheme=.* is not supported"):

@@ -24,7 +24,7 @@ def _run_all(runner, graphs: bool, steps: int = 8):
     from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
     from tests.executor.conftest import decode_rows
     from tests.executor.cuda_helpers import launch_without_sync
-    from tests.executor.test_logits_processors import PARAMS, PROMPTS
+    from tests.executor.sample.test_logits_processors import PARAMS, PROMPTS
 
     params = {**PARAMS, 3: SamplerParams(min_tokens=4, min_tokens_stop_ids=(1, 2, 3), logprobs=5),
               4: SamplerParams(logprobs=2, prompt_logprobs=3)}
@@ -62,7 +62,7 @@ def test_processor_and_logprob_graphs_equal_eager(cuda_proc_runner):
 
 
 def test_cuda_processors_match_reference_on_transformers_logits(cuda_proc_runner, hf_models):
-    from tests.executor.test_logits_processors import PROMPTS, reference_tokens
+    from tests.executor.sample.test_logits_processors import PROMPTS, reference_tokens
 
     params, outs = _run_all(cuda_proc_runner, graphs=True)
     got = {r: [] for r in params}

@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from executor_svc.model_runner import ModelRunner
-from executor_svc.sampler_graphs import SamplerGraphs
+from executor_svc.sample.graphs import SamplerGraphs
+from executor_svc.worker.model_runner import ModelRunner
 from kernels.reference import gumbel_sample_reference
 from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import cached_rows, decode_rows, make_runner
-from tests.executor.test_graph_padding import EagerGraphs
+from tests.executor.worker.test_graph_padding import EagerGraphs
 
 ARCH = "tiny-llama"
 PROMPTS = {1: [5, 17, 17, 99, 3, 250, 17, 8], 2: list(range(30, 52)), 3: [400, 2, 2, 2, 9, 77],

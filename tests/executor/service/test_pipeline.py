@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from executor_svc.pipeline import StepPipeline
-from executor_svc.plan_checks import PlanError
-from executor_svc.servicer import ExecutorServicer
+from executor_svc.service.pipeline import StepPipeline
+from executor_svc.service.servicer import ExecutorServicer
+from executor_svc.worker.plan_checks import PlanError
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
 from step_protocol import codec
@@ -170,7 +170,7 @@ def test_execute_two_ahead_and_one_at_a_time_equal_sequential(runner):
 def test_plans_are_read_ahead_only_up_to_the_bound():
     """A peer that sends plans far faster than they run: the pipeline reads at most `depth`
     launched + MAX_READ_AHEAD queued (+ the one being handed over) before the first result."""
-    from executor_svc.pipeline import MAX_READ_AHEAD
+    from executor_svc.service.pipeline import MAX_READ_AHEAD
 
     pulled = []
 

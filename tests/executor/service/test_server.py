@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from executor_svc.config import ExecutorConfig
-from executor_svc.server import serve
+from executor_svc.service.server import serve
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
 from scheduler_svc.engine.executor_client import ExecutorClient, ExecutorUnavailable

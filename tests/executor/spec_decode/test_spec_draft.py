@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from executor_svc.config import ExecutorConfig
-from executor_svc.plan_checks import PlanError
+from executor_svc.worker.plan_checks import PlanError
 from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import cached_rows, make_runner
 

@@ -1,4 +1,4 @@
-"""The rejection rule of speculative decoding (executor_svc/spec_verify.py) on CPU: tokens it
+"""The rejection rule of speculative decoding (executor_svc/spec_decode/verify.py) on CPU: tokens it
 yields follow the target distribution exactly (chi-square over many seeded draws on a tiny
 vocabulary), greedy rows accept exactly the argmax, draws replay from (seed, position); and
 the plan checks of verify rows."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.plan_checks import PlanError
-from executor_svc.sampler import apply_top_k_top_p
-from executor_svc.spec_verify import rejection_sample
+from executor_svc.sample.sampler import apply_top_k_top_p
+from executor_svc.spec_decode.verify import rejection_sample
+from executor_svc.worker.plan_checks import PlanError
 from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import cached_rows, make_runner
 

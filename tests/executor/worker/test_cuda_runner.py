@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 
 @pytest.fixture(scope="module")
 def tiny_runner(tmp_path_factory):
-    from executor_svc.random_model import build_random_model
+    from executor_svc.model_loader.random_model import build_random_model
     from tests.executor.cuda_helpers import cuda_runner
 
     path = build_random_model(tmp_path_factory.mktemp("m") / "tiny", "tiny-llama")
@@ -32,7 +32,7 @@ def test_graph_tokens_equal_eager_for_every_captured_size(tiny_runner, graph_siz
 
 
 def test_bf16_tiny_and_prefill_too_large_for_graphs_runs_eagerly(tmp_path):
-    from executor_svc.random_model import build_random_model
+    from executor_svc.model_loader.random_model import build_random_model
     from tests.executor.cuda_helpers import Driver, cuda_runner
 
     runner = cuda_runner(build_random_model(tmp_path / "q3", "tiny-qwen3", dtype=torch.bfloat16),
@@ -43,7 +43,7 @@ def test_bf16_tiny_and_prefill_too_large_for_graphs_runs_eagerly(tmp_path):
 
 
 def test_llama_1b_shape_graph_logits_match_eager(tmp_path):
-    from executor_svc.random_model import build_random_model
+    from executor_svc.model_loader.random_model import build_random_model
     from tests.executor.cuda_helpers import cuda_runner, decode_logits_graph_and_eager
 
     path = build_random_model(tmp_path / "1b", "llama-1b", dtype=torch.bfloat16, device="cuda")
@@ -109,7 +109,7 @@ def test_mixed_graphs_tokens_equal_eager(tiny_runner):
 
 
 def test_llama_1b_shape_mixed_graph_logits_match_eager(tmp_path):
-    from executor_svc.random_model import build_random_model
+    from executor_svc.model_loader.random_model import build_random_model
     from tests.executor.cuda_helpers import cuda_runner, mixed_logits_graph_and_eager
 
     path = build_random_model(tmp_path / "1b", "llama-1b", dtype=torch.bfloat16, device="cuda")

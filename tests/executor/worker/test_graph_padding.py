@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from executor_svc.cuda_graphs import GraphRunner
-from executor_svc.model_runner import ModelRunner
+from executor_svc.worker.cuda_graphs import GraphRunner
+from executor_svc.worker.model_runner import ModelRunner
 from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import cached_rows, decode_rows, hf_greedy, make_runner
 

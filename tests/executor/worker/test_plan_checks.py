@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from executor_svc.plan_checks import PlanError
+from executor_svc.worker.plan_checks import PlanError
 from step_protocol.domain import CachedRequestData, NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import cached_rows, decode_rows, hf_greedy, make_runner
 

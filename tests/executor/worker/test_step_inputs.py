@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from executor_svc.input_batch import InputBatch
-from executor_svc.sampling_rows import SamplingRows
-from executor_svc.step_buffers import StepBuffers, TwinGroup
-from executor_svc.step_inputs import Scheduled, StepLimits, prepare_step
+from executor_svc.sample.rows import SamplingRows
+from executor_svc.worker.input_batch import InputBatch
+from executor_svc.worker.step_buffers import StepBuffers, TwinGroup
+from executor_svc.worker.step_inputs import Scheduled, StepLimits, prepare_step
 from step_protocol.domain import NewRequestData, SamplerParams
 
 BS, MAX_BLOCKS, SEQS, TOKENS = 4, 16, 32, 256

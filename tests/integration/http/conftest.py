@@ -4,7 +4,7 @@ with an API key; one for the package (test_openai_http.py and test_openai_door.p
 import pytest
 
 from benchmarks.cluster import Cluster
-from executor_svc.random_model import build_random_model
+from executor_svc.model_loader.random_model import build_random_model
 
 API_KEY = "test-http-key"
 AUTH = (("authorization", f"Bearer {API_KEY}"),)

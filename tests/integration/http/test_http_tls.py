@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from benchmarks.cluster import free_port
-from executor_svc.random_model import build_random_model
+from executor_svc.model_loader.random_model import build_random_model
 from tests.integration.reliability.test_tls_auth import TlsCluster, certs  # noqa: F401 (fixture)
 
 

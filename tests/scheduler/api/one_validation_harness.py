@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.input_batch import InputBatch
-from executor_svc.plan_checks import check_plan
-from executor_svc.sampling_rows import SamplingRows
+from executor_svc.sample.rows import SamplingRows
+from executor_svc.worker.input_batch import InputBatch
+from executor_svc.worker.plan_checks import check_plan
 from protos.llmserve.executor.v1 import executor_pb2 as xpb
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import FinishReason

@@ -63,7 +63,7 @@ class FakeEngine:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from executor_svc.random_model import build_tokenizer
+    from executor_svc.model_loader.random_model import build_tokenizer
 
     folder = tmp_path_factory.mktemp("tok")
     build_tokenizer(folder, vocab_size=INFO.vocab_size, max_model_len=INFO.max_model_len)

@@ -95,7 +95,7 @@ def test_a_large_prompt_leaves_the_loop_free_and_the_pool_is_bounded(tok):
 def _tokenizer_with_template(folder, template):
     import json
 
-    from executor_svc.random_model import build_tokenizer
+    from executor_svc.model_loader.random_model import build_tokenizer
 
     folder.mkdir()
     build_tokenizer(folder, vocab_size=512, max_model_len=2048)

@@ -23,7 +23,7 @@ CHATS = [
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from executor_svc.random_model import build_random_model  # imports torch: fine in tests
+    from executor_svc.model_loader.random_model import build_random_model  # imports torch: fine in tests
 
     return build_random_model(tmp_path_factory.mktemp("model"), "tiny-llama")
 

@@ -27,7 +27,7 @@ PROMPT = [5, 6, 7]
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    from executor_svc.random_model import build_random_model  # imports torch: fine in tests
+    from executor_svc.model_loader.random_model import build_random_model  # imports torch: fine in tests
 
     return Tokenizer(build_random_model(tmp_path_factory.mktemp("model"), "tiny-llama"))
 

@@ -1,0 +1,1 @@
+"""Sampling: the sampler, its graphs and rows, logits processors, logprobs."""

@@ -1,0 +1,1 @@
+"""Speculative decoding: verification (rejection sampling), the draft proposer, draft loading."""

@@ -1,0 +1,1 @@
+"""One step: the runner, per-request rows, host/device buffers, step inputs, plan checks, graphs, timers."""
