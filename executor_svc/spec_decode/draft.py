@@ -19,10 +19,10 @@ rolled back there first). Greedy drafts are point masses, so the rejection rule 
 whatever the draft; a hole in the draft's KV (a prefix-cache hit on a block whose last
 position the draft had not written yet) lowers acceptance only, never correctness.
 A catch-up of one token per row in a step without verify rows (every step while the gate keeps
-speculation off: spec_gate.py) replays a captured decode graph of the draft (capture_graphs;
-CUDA), so a draft that is not speculating costs one graph replay a step; every other forward
-here runs eagerly. Tokens are gathered on the device, and the host->device copies go through
-pinned twins (non-blocking): no host sync is added.
+speculation off: scheduler_svc/core/spec/gate.py) replays a captured decode graph of the draft
+(capture_graphs; CUDA), so a draft that is not speculating costs one graph replay a step; every
+other forward here runs eagerly. Tokens are gathered on the device, and the host->device copies
+go through pinned twins (non-blocking): no host sync is added.
 """
 
 from __future__ import annotations
