@@ -64,7 +64,7 @@ class ExecutorConfig:
     tensor_parallel_size: int = 1
     # Speculative decoding's draft model (vLLM's --speculative-config with method draft_model):
     # a Hugging Face folder or GGUF sharing the target's tokenizer, run on the same device to
-    # propose each verify row's drafts (spec_draft.py); "" = none (n-gram drafts come from the
+    # propose each verify row's drafts (spec_decode/draft.py); "" = none (n-gram drafts come from the
     # scheduler, or no speculation)
     speculative_model: str = ""
     num_speculative_tokens: int = 0  # the config's k (the scheduler decides each row's count)
