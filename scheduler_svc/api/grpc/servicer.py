@@ -42,11 +42,7 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
         self._limits = self._admission.limits
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
-        request_id = request.request_id or uuid.uuid4().hex
-        record = access_log.current()
-        record.request_id = request_id
-        prompt_ids, params = await self._admit(request, context)
-        record.admitted(request_id, len(prompt_ids))
+        request_id, record, prompt_ids, params = await self._admit(request, context)
         num_finished = num_completion = 0
         try:
             async for out in self._engine.generate(prompt_ids, params):
@@ -63,11 +59,7 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
             await abort_with(context, e)
 
     async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
-        request_id = request.request_id or uuid.uuid4().hex
-        record = access_log.current()
-        record.request_id = request_id
-        prompt_ids, params = await self._admit(request, context)
-        record.admitted(request_id, len(prompt_ids))
+        request_id, record, prompt_ids, params = await self._admit(request, context)
         n = params.n
         token_ids: list[list[int]] = [[] for _ in range(n)]
         texts: list[list[str]] = [[] for _ in range(n)]
@@ -141,15 +133,21 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
                 device_idle_us=s.device_idle_us),
         )
 
-    async def _admit(self, request: pb.GenerateRequest, context) -> tuple[list[int], object]:
-        """Checks, tokenizes and validates (admission.Admission); aborts the call with a clear
-        status when the request is bad."""
+    async def _admit(self, request: pb.GenerateRequest, context):
+        """(request id, the call's access-log record, prompt ids, sampling params): checks,
+        tokenizes and validates (admission.Admission); aborts the call with a clear status when
+        the request is bad."""
+        request_id = request.request_id or uuid.uuid4().hex
+        record = access_log.current()
+        record.request_id = request_id
         try:
             prompt = codec.prompt_from_pb(request)
             raw = codec.raw_params_from_pb(request.params)
-            return await self._admission.admit(prompt, raw, request.request_id)
+            prompt_ids, params = await self._admission.admit(prompt, raw, request.request_id)
         except RequestError as e:
             await abort_with(context, e)
+        record.admitted(request_id, len(prompt_ids))
+        return request_id, record, prompt_ids, params
 
 
 async def _off_the_loop_if_large(num_messages: int, build, *args):
