@@ -21,11 +21,21 @@ import torch
 
 from step_protocol.domain import CachedRequestData, StepPlan
 
-PHASES = ("_update_states", "_prepare", "_copy_inputs", "_forward", "_sample")
+PHASES = ("_apply", "_prepare", "_copy_inputs", "_forward", "sampler.sample")
+
+
+def _owner(runner, name: str):
+    """(object, attribute) of a phase: a runner method, or "sampler.sample"."""
+    *path, attr = name.split(".")
+    owner = runner
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, attr
 
 
 def _wrap(runner, name: str, acc: dict) -> None:
-    inner = getattr(runner, name)
+    owner, attr = _owner(runner, name)
+    inner = getattr(owner, attr)
 
     def timed(*args, **kwargs):
         t = time.perf_counter()
@@ -34,7 +44,7 @@ def _wrap(runner, name: str, acc: dict) -> None:
         finally:
             acc[name].append((time.perf_counter() - t) * 1e6)
 
-    setattr(runner, name, timed)
+    setattr(owner, attr, timed)
 
 
 def profile_launch(runner, batch: int, steps: int = 50, context: int = 512) -> dict:
@@ -57,7 +67,8 @@ def profile_launch(runner, batch: int, steps: int = 50, context: int = 512) -> d
         prev = handle
     runner.finish(prev)
     for name in PHASES:
-        del runner.__dict__[name]  # the class methods again
+        owner, attr = _owner(runner, name)
+        del owner.__dict__[attr]  # the class methods again
     runner.execute(StepPlan(step_id=step_id, finished_req_ids=ids))
     skip = 10
     row = {name: statistics.median(acc[name][skip:]) for name in PHASES}

@@ -171,8 +171,8 @@ class LlamaForCausalLM(nn.Module):
     """Decoder stack + LM head. Parameter names follow transformers, with fused qkv/gate_up.
 
     skinny_max_tokens: steps of 1..skinny_max_tokens tokens on CUDA (and compute_logits of as
-    many rows) run the fused skinny-GEMM decode path; 0 (the default) = off. Start-up sets it
-    (at most kernels.SKINNY_MAX_M) before warm-up and graph capture.
+    many rows) run the fused skinny-GEMM decode path; 0 (the default) = off. The loader passes
+    --skinny-max-tokens (at most kernels.SKINNY_MAX_M) for dense CUDA models.
 
     args: the whole model's shape; cache_args: this rank's (its KV heads: what the KV cache
     holds), args itself without tensor parallelism.
@@ -180,12 +180,11 @@ class LlamaForCausalLM(nn.Module):
     kv_scales: the checkpoint's FP8 KV-cache scales, (k_scale, v_scale) per layer, or None (set
     by the loader; start-up puts them in the KV caches with --kv-cache-dtype fp8)."""
 
-    skinny_max_tokens: int = 0
     kv_scales: list[tuple[float, float]] | None = None
 
-    def __init__(self, args: ModelArgs, tp: TensorParallel = SINGLE):
+    def __init__(self, args: ModelArgs, tp: TensorParallel = SINGLE, skinny_max_tokens: int = 0):
         super().__init__()
-        self.args, self.tp = args, tp
+        self.args, self.tp, self.skinny_max_tokens = args, tp, skinny_max_tokens
         self.cache_args = rank_args = tp.rank_args(args)
         if tp.size > 1:
             self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, tp)

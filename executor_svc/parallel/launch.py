@@ -70,8 +70,8 @@ def check_splits(config: ExecutorConfig, folder) -> None:
 
 
 def build_parallel_runner(config: ExecutorConfig):
-    """Rank 0's TensorParallelRunner, with ranks 1..N-1 started and attached (runner.close()
-    stops them). The model folder is resolved once here (a GGUF file converted once)."""
+    """Rank 0's ModelRunner, its ranks TensorParallelRanks over ranks 1..N-1, started here
+    (runner.close() stops them). The model folder is resolved once here (a GGUF file converted once)."""
     from executor_svc.model_loader import source as model_source
     from executor_svc.startup.build import build_runner
 
@@ -82,11 +82,10 @@ def build_parallel_runner(config: ExecutorConfig):
     workers = Workers.start(config, port)
     try:
         tp = init_group(0, config.tensor_parallel_size, port, config.device)
-        runner = build_runner(config, tp)
+        runner = build_runner(config, tp, workers)
     except BaseException:
         workers.stop(0)
         raise
-    runner.workers = workers
     log.info("tensor parallel: %d ranks, KV blocks %d (the fewest of any rank)", tp.size, runner.info().num_blocks)
     return runner
 

@@ -32,7 +32,7 @@ def main() -> None:
     from executor_svc.config import ExecutorConfig
     from executor_svc.model_loader.checks import ModelError
     from executor_svc.parallel.launch import init_group
-    from executor_svc.parallel.runner import serve_plans
+    from executor_svc.parallel.ranks import serve_plans
     from executor_svc.startup.build import build_runner
 
     fields = spec["config"]

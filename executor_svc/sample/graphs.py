@@ -8,7 +8,7 @@ step row i. For the same size this module captures
     steps whose every row samples and none uses a processor or top-k / top-p: the common
     step, whose host launch then costs one replay instead of the sampler's kernel launches;
   - a processors graph: logit bias, min_tokens mask, penalties, min_p over all `size` rows
-    (parameters from the static step buffers, tables gathered by sample_rows; padded rows
+    (parameters from the sampler's static inputs, tables gathered by their rows; padded rows
     read the scratch row) into a float32 [size, V] output the sampler then reads;
   - a logprobs graph: raw log_softmax of the logits, the logprob and rank of the sampled ids
     (copied into a static buffer first) and the top max_logprobs alternatives.
@@ -23,40 +23,24 @@ import time
 
 import torch
 
-from executor_svc.sample.logits_processors import (LogprobsOut, ProcessorParams, ProcessorTables,
-                                            apply_processors, compute_logprobs)
-from executor_svc.sample.sampler import SamplingTensors, sample
-from executor_svc.worker.step_buffers import StepBuffers
+from executor_svc.sample.inputs import SampleInputs
+from executor_svc.sample.logits_processors import LogprobsOut, ProcessorTables, apply_processors, compute_logprobs
+from executor_svc.sample.ops import sample
+from executor_svc.worker.cuda_graphs import capture_graph
 
 log = logging.getLogger(__name__)
-
-
-def processor_params(buf: StepBuffers, n: int) -> ProcessorParams:
-    """Views of the first n rows of the processors' static parameters."""
-    return ProcessorParams(
-        rows=buf.sample_rows.gpu[:n], positions=buf.sample_positions.gpu[:n],
-        temperature=buf.temperature.gpu[:n], min_p=buf.min_p.gpu[:n], presence=buf.presence.gpu[:n],
-        frequency=buf.frequency.gpu[:n], repetition=buf.repetition.gpu[:n], min_pos=buf.min_pos.gpu[:n])
-
-
-def sampling_params(buf: StepBuffers, n: int, all_greedy: bool, need_top_k_top_p: bool) -> SamplingTensors:
-    """Views of the first n rows of the sampler's static parameters."""
-    return SamplingTensors(
-        temperature=buf.temperature.gpu[:n], top_k=buf.top_k.gpu[:n], top_p=buf.top_p.gpu[:n],
-        seeds=buf.seeds.gpu[:n], positions=buf.sample_positions.gpu[:n],
-        all_greedy=all_greedy, need_top_k_top_p=need_top_k_top_p)
 
 
 class SamplerGraphs:
     """Captures (at construction) and replays the processors and logprobs graph of each size.
 
     logits: the decode graphs' [largest, V] output buffer; last_sampled: the rows' last sampled
-    tokens (InputBatch.last_sampled_gpu); sizes: the decode graphs' sizes; max_logprobs: the
-    top-k every logprobs graph extracts (a step slices what it asked)."""
+    tokens (the Sampler's); inputs: the sampler's static inputs; sizes: the decode graphs'
+    sizes; max_logprobs: the top-k every logprobs graph extracts (a step slices what it asked)."""
 
-    def __init__(self, logits: torch.Tensor, last_sampled: torch.Tensor, buffers: StepBuffers,
+    def __init__(self, logits: torch.Tensor, last_sampled: torch.Tensor, inputs: SampleInputs,
                  tables: ProcessorTables, sizes: list[int], max_logprobs: int, pool):
-        self.logits, self.last_sampled, self.buffers, self.tables = logits, last_sampled, buffers, tables
+        self.logits, self.last_sampled, self.inputs, self.tables = logits, last_sampled, inputs, tables
         self.sizes, self.max_logprobs = sizes, max_logprobs
         largest, vocab, dev = logits.shape[0], logits.shape[1], logits.device
         self.processed = torch.empty(largest, vocab, dtype=torch.float32, device=dev)
@@ -92,13 +76,11 @@ class SamplerGraphs:
         return LogprobsOut(lp.logprobs[:n], lp.ranks[:n], lp.top_ids[:n], lp.top_logprobs[:n])
 
     def _run_sample(self, size: int) -> None:
-        buf = self.buffers
-        params = sampling_params(buf, size, all_greedy=False, need_top_k_top_p=False)
-        self.sampled[:size].copy_(sample(self.logits[:size], params))
-        self.last_sampled.index_copy_(0, buf.sample_rows.gpu[:size], self.sampled[:size])
+        self.sampled[:size].copy_(sample(self.logits[:size], self.inputs.tensors(size)))
+        self.last_sampled.index_copy_(0, self.inputs.rows.gpu[:size], self.sampled[:size])
 
     def _run_processors(self, size: int) -> None:
-        apply_processors(self.logits[:size], processor_params(self.buffers, size), self.tables,
+        apply_processors(self.logits[:size], self.inputs.processor_params(size), self.tables,
                          out=self.processed[:size])
 
     def _run_logprobs(self, size: int) -> None:
@@ -113,16 +95,12 @@ class SamplerGraphs:
     @torch.inference_mode()
     def _capture(self, pool) -> None:
         t0 = time.perf_counter()
+        self.inputs.pad(0, self.inputs.max_num_seqs)  # every row samples into the scratch row
+        self.inputs.copy_to_device()
         stream = torch.cuda.Stream()
         for size in sorted(self.sizes, reverse=True):
             for kind, run in self._runs.items():
-                with torch.cuda.stream(stream):
-                    run(size)  # warm-up off the capture
-                stream.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    run(size)
-                self.graphs[(kind, size)] = graph
+                self.graphs[(kind, size)] = capture_graph(lambda: run(size), pool, stream)
         torch.cuda.synchronize()
         log.info("captured %d sample, processor and logprobs graphs in %.1f s", len(self.graphs),
                  time.perf_counter() - t0)

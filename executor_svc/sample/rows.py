@@ -1,6 +1,7 @@
-"""Per-request sampling state beyond temperature/top-k/top-p: the logits processors' scalars
-(host, by row: a step gathers them into its static buffers) and their tables (device, by row:
-the processors gather them on the device). Written once when a request gets its row.
+"""Per-request sampling state, by persistent row: temperature, top-k, top-p, seed and the
+logits processors' scalars (host: a step gathers them into the sampler's static inputs) and
+the processors' tables (device: the processors gather them on the device). Written once when
+a request gets its row, by the Sampler (sampler.py), which owns it.
 
 A step that runs the processors runs them over every sampled row, and a row that uses none
 relies on its neutral parameters being exact no-ops: its scalars are always written, and its
@@ -11,9 +12,7 @@ uses no processor). A row remembers whether a request since its last reset wrote
 with the previous request's logit_bias or stop ids. Counts and the prompt mask need no reset:
 neutral penalties make them no-ops, and a request with penalties rewrites both.
 
-Host-to-device writes go through pinned staging tensors copied non-blocking (a pageable
-copy would wait for the step in flight and break the one-step-ahead overlap); torch's pinned
-allocator keeps each staging tensor alive until its copy has run.
+Host-to-device writes go through worker/host_device.py (pinned staging, non-blocking).
 """
 
 from __future__ import annotations
@@ -22,16 +21,22 @@ import numpy as np
 import torch
 
 from executor_svc.sample.logits_processors import ProcessorTables
+from executor_svc.worker.host_device import copy_into, to_device
 from step_protocol.domain import NewRequestData
 
 
 class SamplingRows:
-    """Processor scalars (host numpy, [S]) and tables (device, [S + 1, ...]) by persistent row."""
+    """Sampling parameters and processor scalars (host numpy, [S]) and the processors' tables
+    (device, [S + 1, ...]) by persistent row."""
 
     def __init__(self, max_num_seqs: int, vocab_size: int, max_logit_bias: int,
                  max_stop_ids: int, device: torch.device):
         s, v = max_num_seqs, vocab_size
         self.device = device
+        self.temperature = np.zeros(s, dtype=np.float32)  # 0 = greedy
+        self.top_k = np.zeros(s, dtype=np.int64)  # 0 = off
+        self.top_p = np.ones(s, dtype=np.float32)  # 1 = off
+        self.seed = np.zeros(s, dtype=np.int64)  # a 63-bit seed
         self.min_p = np.zeros(s, dtype=np.float32)
         self.presence = np.zeros(s, dtype=np.float32)
         self.frequency = np.zeros(s, dtype=np.float32)
@@ -54,6 +59,8 @@ class SamplingRows:
         """Sets the row of a request that was just given it (plan_checks checked the sizes)."""
         s = new.sampler_params
         prompt_len = new.prompt_len
+        self.temperature[row], self.top_k[row], self.top_p[row] = s.temperature, s.top_k, s.top_p
+        self.seed[row] = s.seed & 0x7FFFFFFFFFFFFFFF
         self.min_p[row], self.presence[row] = s.min_p, s.presence_penalty
         self.frequency[row], self.repetition[row] = s.frequency_penalty, s.repetition_penalty
         self.min_pos[row] = prompt_len + s.min_tokens
@@ -89,13 +96,4 @@ def _set_padded(dst: torch.Tensor, values: list, pad, dtype: torch.dtype) -> Non
     host = torch.full((dst.shape[0],), pad, dtype=dtype)
     if values:
         host[:len(values)] = torch.tensor(values, dtype=dtype)
-    dst.copy_(_stage(host, dst.device), non_blocking=True)
-
-
-def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A numpy array on `device`, copied non-blocking through pinned staging on CUDA."""
-    return _stage(torch.from_numpy(np.ascontiguousarray(a)), device).to(device, non_blocking=True)
-
-
-def _stage(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return host.pin_memory() if device.type == "cuda" else host
+    copy_into(dst, host)

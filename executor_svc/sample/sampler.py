@@ -1,67 +1,132 @@
-"""On-device sampling with per-row parameters; reproducible from (seed, position), no host sync.
+"""The Sampler: owns every per-row sampling state of the executor and samples a step's rows.
 
-Randomness: Gumbel-max. Row r samples argmax_j(logits[r, j] / T[r] + g[r, j]) with
-g = -log(-log(u)), u in (0, 1) drawn from a counter-based hash of (seed, position, j) — no
-torch.Generator, no state, so a step replays identically and can live inside a CUDA graph.
-The hash (`uniform_noise`) and the torch Gumbel-max are in kernels/reference.py; on CUDA
-`kernels.gumbel_sample` is one fused Triton kernel (reads the logits once, noise in registers).
-Top-k/top-p rows are cut first with a sort (torch), then sampled at temperature 1.
+What it owns, by persistent row: the requests' sampling parameters and logits processors'
+state (rows.py), the rows' last sampled tokens on the device (the next decode inputs, read by
+the model's forward and the graphs; written here and, for verify rows, through store_last),
+and per step: its static inputs (inputs.py), its captured graphs (graphs.py, CUDA decode
+steps) and the pinned host buffers the sampled ids are copied into. The runner tells it which
+rows sample (prepare), hands it the logits (sample) and reads the ids after the step's event.
+
+Randomness: Gumbel-max over a counter-based hash of (seed, position, token) (ops.py), so a
+step replays identically and can live inside a CUDA graph.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-import kernels
-from kernels.reference import uniform_noise  # noqa: F401  (re-exported: the hash lives there)
+from executor_svc.sample.graphs import SamplerGraphs
+from executor_svc.sample.inputs import SampleInputs, SampleStep
+from executor_svc.sample.logits_processors import apply_processors, compute_logprobs, count_tokens
+from executor_svc.sample.logprobs import PendingLogprobs, PromptLogprobRows, prompt_logprob_rows
+from executor_svc.sample.ops import SamplingTensors, sample
+from executor_svc.sample.rows import SamplingRows
+from step_protocol.domain import NewRequestData
 
 
 @dataclass
-class SamplingTensors:
-    """Per-row sampling parameters (device tensors, views into the static buffers)."""
+class Sampled:
+    """One step's samples on their way to the host: read `host` after the step's event."""
 
-    temperature: torch.Tensor  # [N] float32; 0 = greedy
-    top_k: torch.Tensor  # [N] int64; 0 = off
-    top_p: torch.Tensor  # [N] float32; 1 = off
-    seeds: torch.Tensor  # [N] int64 (a 63-bit seed)
-    positions: torch.Tensor  # [N] int64: position of the token being sampled
-    all_greedy: bool  # host flag: skip the random path
-    need_top_k_top_p: bool  # host flag: some row cuts with top-k or top-p (sorting path)
+    host: torch.Tensor  # [N] int64 view of a pinned host buffer (CUDA)
+    logprobs: PendingLogprobs | None
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Masks (-inf) tokens outside each row's top-k and nucleus top-p; logits [N, V] float32."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [N, V]
-    vocab = logits.shape[-1]
-    rank = torch.arange(vocab, device=logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k, vocab)[:, None]
-    cut = rank >= k
-    probs = sorted_logits.masked_fill(cut, float("-inf")).softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # probability of the better-ranked tokens
-    cut |= (mass_before >= top_p[:, None]) & (rank > 0)  # always keep the best token
-    mask = torch.empty_like(cut).scatter_(-1, order, cut)
-    return logits.masked_fill(mask, float("-inf"))
+class Sampler:
+    """Samples the rows of a step. rows: their sampling state; inputs: the step's static
+    columns; last_tokens: [max_num_seqs + 1] int64 device, the rows' last sampled tokens (the
+    extra row is scratch for padded graph rows); graphs: the captured sampler graphs (None:
+    always eager, and on CPU)."""
 
+    def __init__(self, rows: SamplingRows, inputs: SampleInputs, last_tokens: torch.Tensor,
+                 graphs: SamplerGraphs | None = None):
+        self.rows, self.inputs, self.last_tokens, self.graphs = rows, inputs, last_tokens, graphs
+        device = last_tokens.device
+        # ids sampled by a step, copied here (pinned, one per step parity) and read after its event
+        self._host = [torch.zeros(inputs.max_num_seqs, dtype=torch.int64, pin_memory=device.type == "cuda")
+                      for _ in range(2)]
+        self._parity = 0
 
-def sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
-    """logits [N, V] (float32 or the model dtype) -> sampled token ids [N] int64 (greedy where
-    temperature == 0)."""
-    temperature = params.temperature
-    if params.all_greedy and not logits.is_cuda:
-        return logits.argmax(dim=-1)  # the torch reference would draw noise only to ignore it
-    if not params.need_top_k_top_p:
-        # One fused pass over the logits on CUDA (its multi-program argmax also beats torch's
-        # single-block argmax over a large vocabulary for greedy rows).
-        return kernels.gumbel_sample(logits, temperature, params.seeds, params.positions)
-    logits = logits.float()
-    # Cut the scaled logits, then sample at temperature 1 (x / 1 is exact, so this is the same
-    # argmax as cutting and sampling in one place). Greedy rows take the argmax of the ORIGINAL
-    # logits: the cut keeps one best token, but on tied maxima the sort may keep a later index,
-    # and x / 1e-5 can round two close logits to a tie.
-    random_rows = temperature > 0
-    scaled = logits / temperature.clamp_min(1e-5)[:, None]
-    masked = apply_top_k_top_p(scaled, params.top_k, params.top_p)
-    sampled = kernels.gumbel_sample(masked, random_rows.float(), params.seeds, params.positions)
-    return torch.where(random_rows, sampled, logits.argmax(dim=-1))
+    # ---- per request --------------------------------------------------------------------------
+
+    def add_request(self, row: int, new: NewRequestData) -> None:
+        """Sets up the sampling state of a request that was just given `row` (checked sizes)."""
+        self.rows.add(row, new)
+
+    def remove(self, row: int) -> None:
+        """Forgets a row's request: it asks for nothing until the next add_request (whose
+        writes cover every field; a stale bias / stop table is reset there)."""
+        r = self.rows
+        r.logprobs[row] = r.prompt_logprobs[row] = -1
+
+    def reset(self) -> None:
+        """Every row forgotten (the runner's reset)."""
+        self.rows.logprobs[:] = -1
+        self.rows.prompt_logprobs[:] = -1
+
+    # ---- per step ---------------------------------------------------------------------------
+
+    def prepare(self, rows: np.ndarray, positions: np.ndarray, parity: int) -> SampleStep:
+        """Writes the columns of the rows that sample this step (at the positions of the tokens
+        they sample) into host set `parity`."""
+        self.inputs.use_host(parity)
+        self._parity = parity
+        return self.inputs.write(self.rows, rows, positions)
+
+    def prompt_logprob_rows(self, requests: list, rows: np.ndarray, start: np.ndarray, end: np.ndarray,
+                            offsets: np.ndarray) -> PromptLogprobRows | None:
+        """The prompt positions this step's chunks compute logprobs of (sample/logprobs.py)."""
+        return prompt_logprob_rows(self.rows, requests, rows, start, end, offsets)
+
+    def pad(self, num_sample: int, to: int) -> None:
+        self.inputs.pad(num_sample, to)
+
+    def copy_to_device(self) -> None:
+        self.inputs.copy_to_device()
+
+    def sample(self, logits: torch.Tensor, step: SampleStep, graph_size: int = 0) -> Sampled:
+        """Samples the step's rows: logits [N, V], row i = the i-th row prepare() was given.
+        Runs the logits processors (if a row uses one), samples [N] ids, stores them as the
+        rows' last tokens, counts them (if a row has penalties) and enqueues their copy (and
+        their logprobs, if a row asked) to pinned host memory. graph_size: the size of the
+        decode graph whose logits buffer holds row i = sampled row i (every row of the step
+        samples; 0: eager, a mixed graph, or a decode step with rows that do not sample): the
+        sampler's graphs of that size are replayed, the sample graph when every row samples
+        plainly (no processor, no top-k / top-p), else the processors / logprobs graphs around
+        the eager sampler."""
+        n = step.num_sample
+        graphs = self.graphs if graph_size else None
+        tables = self.rows.tables
+        rows = self.inputs.rows.gpu[:n]
+        if graphs is not None and step.plain:
+            sampled = graphs.sample(graph_size, n)  # the common decode step: one more replay
+        else:
+            processed = logits
+            if step.need_processors:
+                processed = (graphs.processors(graph_size, n) if graphs is not None
+                             else apply_processors(logits, self.inputs.processor_params(n), tables))
+            sampled = sample(processed, self.inputs.tensors(n, step.all_greedy, step.need_top_k_top_p))
+            self.last_tokens.index_copy_(0, rows, sampled)
+        if step.need_penalties:
+            count_tokens(tables.counts, rows, sampled)
+        host = self._host[self._parity][:n]
+        host.copy_(sampled, non_blocking=True)
+        if step.num_logprobs < 0:
+            return Sampled(host, None)
+        lp = (graphs.logprobs(graph_size, sampled) if graphs is not None
+              else compute_logprobs(logits, sampled, step.num_logprobs))
+        return Sampled(host, PendingLogprobs(lp, step.num_logprobs))
+
+    def store_last(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Overwrites the last tokens of `rows` (device [S] each): a verify row's final token
+        (spec_decode/verify.py) replaces the bonus token the sampler stored."""
+        self.last_tokens.index_copy_(0, rows, tokens)
+
+    def params_of(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Host (temperature, top_k, top_p, seed) of `rows`."""
+        r = self.rows
+        return r.temperature[rows], r.top_k[rows], r.top_p[rows], r.seed[rows]
+

@@ -61,8 +61,7 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
         failure.append(reason)
         loop.call_soon_threadsafe(stop.set)
 
-    if hasattr(runner, "watch"):
-        runner.watch(on_failure)
+    runner.watch(on_failure)
     info = runner.info()
     log.info("ready in %.1f s: model %s, %d KV blocks of %d tokens, graphs %s",
              time.perf_counter() - t0, info.model_name, info.num_blocks, info.block_size,
@@ -92,8 +91,7 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
         _refuse(failure[0])
     worker.shutdown(wait=True)
     waiter.shutdown(wait=True)
-    if hasattr(runner, "close"):  # the other ranks of a tensor-parallel executor
-        runner.close()
+    runner.close()  # the other ranks of a tensor-parallel executor, if any
 
 
 INTERNAL_TOKEN_HINT = ("the executor serves only its scheduler, which sends the internal token: "

@@ -12,7 +12,7 @@ which positions have draft KV. In each step, before the target's forward (ModelR
 2. for verify rows (d drafts): the argmax of the catch-up's last position is draft 1, then d - 1
    one-token decode forwards over all verify rows (rows with fewer drafts write no KV there),
    greedy each time. The drafts stay on the device: they are scattered into the target's input
-   ids (after the host copy, same stream) and are the verify rows' draft_ids (verify.py).
+   ids (after the host copy, same stream) and returned, the verify rows' draft ids (verify.py).
 
 After a verify step the rows' num_computed is clamped to the target's (rejected positions are
 rolled back there first). Greedy drafts are point masses, so the rejection rule stays exact
@@ -27,8 +27,6 @@ go through pinned twins (non-blocking): no host sync is added.
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 import torch
 
@@ -38,17 +36,20 @@ from executor_svc.models.llama import LlamaForCausalLM
 from executor_svc.spec_decode.verify import VerifyRows
 from executor_svc.worker.cuda_graphs import GraphRunner
 from executor_svc.worker.input_batch import InputBatch, RequestState
-from executor_svc.worker.step_buffers import StepBuffers, Twin
-from executor_svc.worker.step_inputs import Scheduled, StepLimits
+from executor_svc.worker.host_device import Twin
+from executor_svc.worker.step_buffers import StepBuffers
+from executor_svc.worker.step_inputs import Scheduled, StepLimits, write_chunks
 
 
 class DraftProposer:
     """The draft model, its KV caches and its per-row state; `propose` runs once per step."""
 
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[KVCache], batch: InputBatch,
-                 limits: StepLimits):
+                 last_tokens: torch.Tensor, limits: StepLimits):
+        """last_tokens: the rows' last sampled tokens (the Sampler's; read only)."""
         self.model, self.kv_caches, self.batch, self.limits = model, kv_caches, batch, limits
-        s, device = batch.max_num_seqs, batch.last_sampled_gpu.device
+        self.last_tokens = last_tokens
+        s, device = batch.max_num_seqs, last_tokens.device
         self.device = device
         self.num_computed = np.zeros(s, dtype=np.int64)  # positions < this have draft KV
         self.carry_pos = np.full(s, -1, dtype=np.int64)  # position of the row's unfed last draft
@@ -67,11 +68,13 @@ class DraftProposer:
         self.graphs = GraphRunner(self.model, self.buffers, self.kv_caches, self.token_src, sizes, max_model_len)
 
     @torch.inference_mode()
-    def propose(self, sched: Scheduled, spec: VerifyRows | None, parity: int, target_ids: torch.Tensor) -> None:
-        """Runs the draft for one prepared step (after prepare_step / prepare_verify and the
+    def propose(self, sched: Scheduled, spec: VerifyRows | None, parity: int,
+                target_ids: torch.Tensor) -> torch.Tensor | None:
+        """Runs the draft for one prepared step (after prepare_step / Verifier.prepare and the
         copy of the target's inputs, before its forward): its KV catches up, and with verify
-        rows (spec) their drafts go into `target_ids` (the target's device input ids) and
-        spec.draft_ids. parity: the step's host buffer set."""
+        rows (spec) their drafts go into `target_ids` (the target's device input ids) and are
+        returned ([D] int64 device, the verify rows' draft ids); None without verify rows.
+        parity: the step's host buffer set."""
         batch, buf, s1 = self.batch, self.buffers, self.batch.max_num_seqs + 1
         buf.use_host(parity)
         self.aux.use_host(parity)
@@ -81,10 +84,10 @@ class DraftProposer:
         end = start_t + counts - d  # the draft computes up to the row's first input token
         self._adopt(rows, start_t)
         start, t, cu = self._write_catch_up(rows, start_t, end)
-        self.token_src[:s1].copy_(batch.last_sampled_gpu)
+        self.token_src[:s1].copy_(self.last_tokens)
         b, graphs = len(rows), self.graphs
-        if spec is None and graphs is not None and t == b and graphs.sizes and b <= graphs.sizes[-1]:
-            shape = graphs.decode_shapes[bisect.bisect_left(graphs.sizes, b)]  # one token a row
+        shape = graphs.decode_shape(b) if spec is None and graphs is not None and t == b else None
+        if shape is not None:  # one token a row
             buf.pad(b, t, b, shape.num_reqs, shape.num_tokens)
             buf.copy_to_device(shape.num_reqs, shape.num_tokens)
             graphs.replay(shape)  # (its logits are not needed: only the KV)
@@ -95,14 +98,14 @@ class DraftProposer:
         self.num_computed[rows] = end
         self.carry_pos[rows] = -1
         if spec is None:
-            return
+            return None
         vi = np.flatnonzero(d)
         vrows, vs, vd = rows[vi], start_t[vi], d[vi]
         drafts = self._decode(hidden, cu[vi] - 1, vi, vs, vd, spec)
         self.num_computed[vrows] = vs + vd  # KV through s + d - 1: the last draft is not fed yet
         self.carry_pos[vrows] = vs + vd
-        spec.draft_ids = drafts
         target_ids.index_copy_(0, spec.token_index + 1, drafts)
+        return drafts
 
     def _adopt(self, rows: np.ndarray, start_t: np.ndarray) -> None:
         """Rows now holding another request start from where the target starts (0, or its
@@ -121,32 +124,15 @@ class DraftProposer:
         tokens, cumulative token counts). A position the draft lacks is a known token, the row's
         last sampled token (position start_t) or its carried last draft (start_t - 1); when it
         lacks more than that (it cannot happen in step with the target) it starts at start_t."""
-        batch, buf, bs, s1 = self.batch, self.buffers, self.limits.block_size, self.batch.max_num_seqs + 1
+        batch, buf, s1 = self.batch, self.buffers, self.batch.max_num_seqs + 1
         have, known = self.num_computed[rows], batch.num_known[rows]
         lo = np.maximum(have, known)
         ok = (lo >= start_t) | ((self.carry_pos[rows] == start_t - 1) & (lo == start_t - 1))
         start = np.where(ok, have, start_t)
-        n = end - start
-        b, t = len(rows), int(n.sum())
-        cu = np.cumsum(n)
-        buf.query_start_loc.np[0] = 0
-        buf.query_start_loc.np[1:b + 1] = cu
-        buf.seq_lens.np[:b] = end
-        np.take(batch.block_table, rows, axis=0, out=buf.block_tables.np[:b])
-        pos = np.arange(t, dtype=np.int64) + np.repeat(start - (cu - n), n)
-        src = np.repeat(rows, n)
-        buf.positions.np[:t] = pos
-        buf.slot_mapping.np[:t] = batch.block_table[src, pos // bs].astype(np.int64) * bs + pos % bs
-        unknown = pos >= np.repeat(known, n)
-        buf.use_last.np[:t] = unknown
+        t, cu, pos = write_chunks(batch, buf, rows, start, end, self.limits.block_size)
         # the last sampled token where it is the step's first, else the carried draft
-        buf.src_rows.np[:t] = np.where(pos == np.repeat(start_t, n), src, src + s1)
-        ids = buf.input_ids.np
-        ids[:t] = 0
-        k = np.maximum(np.minimum(end, known) - start, 0)
-        for i in np.flatnonzero(k).tolist():  # known tokens (prefill chunks, mostly)
-            s, m, off = int(start[i]), int(k[i]), int(cu[i] - n[i])
-            ids[off:off + m] = batch.states[rows[i]].token_ids[s:s + m]
+        src = buf.src_rows.np[:t]
+        src[:] = np.where(pos == np.repeat(start_t, end - start), src, src + s1)
         return start, t, cu
 
     def _decode(self, hidden: torch.Tensor, last_index: np.ndarray, vi: np.ndarray, vs: np.ndarray,

@@ -12,14 +12,16 @@ hash (kernels/reference.py uniform_noise, Gumbel-max): replayable from (seed, po
 
 The row answers its accepted drafts and that one token. Its num_computed was advanced over all
 1 + d tokens at launch; the rejected drafts' slots are given back when the step is finished
-(Rollbacks, applied at the next launch). Verify steps replay mixed CUDA graphs (worker/cuda_graphs.py:
+(Rollbacks, applied at the next launch). The Verifier owns what verification keeps across
+steps (the rows' chain flags, the pending rollbacks); a step's VerifyRows are made once, by
+Verifier.prepare, and never written after; verify() answers a VerifyOutcome. Verify steps replay mixed CUDA graphs (worker/cuda_graphs.py:
 their hidden states are kept) or run eagerly when larger than the largest.
 
 Chained verify rows (StepPlan.draft_chained; docs/scheduler.md, "Verify rows that keep the
 pipeline"): the scheduler may plan a request's next verify row while its verify row is still in
 flight, assuming that row accepts every draft, so its positions follow the in-flight row's last
 draft and its first input is that row's token (read on the device, as any decode row's). Each
-verify row writes a per-row device flag, chain_ok = "I accepted every draft, and my chain was
+verify row writes a per-row device flag (Verifier.chain_ok), chain_ok = "I accepted every draft, and my chain was
 valid"; a chained row whose flag reads false is void: it keeps the row's last token as it was
 before the sampler wrote (prev_last), answers no token and gives back all its 1 + d slots. Its
 KV writes land past the request's true length (every rollback applied before it only gives back
@@ -35,7 +37,9 @@ import numpy as np
 import torch
 
 import kernels
-from executor_svc.sample.sampler import apply_top_k_top_p
+from executor_svc.sample.ops import SamplingTensors, scale_and_cut
+from executor_svc.sample.sampler import Sampler
+from executor_svc.worker.host_device import to_device_packed
 from executor_svc.worker.input_batch import InputBatch, RequestState
 from executor_svc.worker.step_buffers import StepBuffers
 from executor_svc.worker.step_inputs import Scheduled
@@ -45,154 +49,155 @@ from kernels.reference import uniform_noise
 ACCEPT_SEED_KEY = 0x5EC_DEC0DE
 
 
-def rejection_sample(logits: torch.Tensor, draft_ids: torch.Tensor, temperature: torch.Tensor,
-                     top_k: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,
-                     positions: torch.Tensor, *, all_greedy: bool = False,
-                     need_top_k_top_p: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def rejection_sample(logits: torch.Tensor, draft_ids: torch.Tensor,
+                     params: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
     """The rejection rule for point-mass drafts, M positions at once (a pure function).
 
-    logits [M, V] of the positions predicting draft_ids [M]; per position the row's sampling
-    parameters and the position of the token drawn there. Returns (accepted [M] bool, recovered
-    [M] int64): accepted = u < p(draft) with u = uniform_noise(seed ^ ACCEPT_SEED_KEY, position)
-    (greedy: draft == argmax); recovered = a sample of p with the draft removed, renormalised,
-    by Gumbel-max with the sampler's noise of (seed, position) (greedy: the argmax).
-    Host flags: all_greedy (no row samples: one argmax), need_top_k_top_p (False: no row cuts
-    with top-k / top-p, so no sort over the vocabulary)."""
-    if all_greedy:
+    logits [M, V] of the positions predicting draft_ids [M]; params: per position the row's
+    sampling parameters and the position of the token drawn there (with the host flags
+    all_greedy: no row samples, one argmax; need_top_k_top_p: some row cuts). Returns
+    (accepted [M] bool, recovered [M] int64): accepted = u < p(draft) with
+    u = uniform_noise(seed ^ ACCEPT_SEED_KEY, position) (greedy: draft == argmax); recovered =
+    a sample of p with the draft removed, renormalised, by Gumbel-max with the sampler's noise
+    of (seed, position) (greedy: the argmax). p is the sampler's distribution (ops.scale_and_cut)."""
+    if params.all_greedy:
         greedy_ids = logits.argmax(dim=-1)
         return greedy_ids == draft_ids, greedy_ids
     logits = logits.float()
     greedy_ids = logits.argmax(dim=-1)
-    random_rows = temperature > 0
-    scaled = logits / temperature.clamp_min(1e-5)[:, None]
-    if need_top_k_top_p:
-        scaled = apply_top_k_top_p(scaled, top_k, top_p)
-    probs = scaled.softmax(dim=-1)
+    random_rows = params.temperature > 0
+    probs = scale_and_cut(logits, params).softmax(dim=-1)
     p_draft = probs.gather(1, draft_ids[:, None])[:, 0]
-    u = uniform_noise(seeds ^ ACCEPT_SEED_KEY, positions, 1)[:, 0]
+    u = uniform_noise(params.seeds ^ ACCEPT_SEED_KEY, params.positions, 1)[:, 0]
     accepted = torch.where(random_rows, u < p_draft, greedy_ids == draft_ids)
     residual = probs.scatter(1, draft_ids[:, None], 0.0)  # max(p - q, 0), q = one-hot(draft)
-    ones = torch.ones_like(temperature, dtype=torch.float32)
-    recovered = kernels.gumbel_sample(residual.log(), ones, seeds, positions)
+    ones = torch.ones_like(params.temperature, dtype=torch.float32)
+    recovered = kernels.gumbel_sample(residual.log(), ones, params.seeds, params.positions)
     return accepted, torch.where(random_rows, recovered, greedy_ids)
 
 
-@dataclass
+@dataclass(frozen=True)
 class VerifyRows:
-    """The verify rows of one prepared step (host facts, plus their device tensors)."""
+    """The verify rows of one prepared step (host facts, plus their device tensors); made by
+    Verifier.prepare, read only after."""
 
     states: list[RequestState]  # per verify row
     sample_index: np.ndarray  # [S] int64: its index among the step's sampled rows
     num_drafts: np.ndarray  # [S] int64
     token_index: torch.Tensor  # [D] int64: the step's token predicting each draft
-    draft_ids: torch.Tensor  # [D] int64
-    params: tuple[torch.Tensor, ...]  # per draft: temperature, top_k, top_p, seed, position
+    draft_ids: torch.Tensor | None  # [D] int64 the plan's drafts; None: the draft model proposes them
+    params: SamplingTensors  # per draft: the row's parameters, the drafted token's position
     pad_index: torch.Tensor  # [S, Dmax] int64 into the D drafts (0 where past a row's)
     pad_valid: torch.Tensor  # [S, Dmax] bool
     rows: torch.Tensor  # [S] int64 persistent rows
-    all_greedy: bool = False  # host flags of the drafts' rows (rejection_sample)
-    need_top_k_top_p: bool = True
     chained: torch.Tensor | None = None  # [S] bool: chained rows; None = none in this step
-    prev_last: torch.Tensor | None = None  # [S] the rows' last tokens before the sampler's write
-    tokens: torch.Tensor | None = None  # [S, Dmax + 1]: accepted drafts, then the row's token
-    num_accepted: torch.Tensor | None = None  # [S]
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """What verify() decided for a step's verify rows (device tensors, read after the event)."""
+
+    tokens: torch.Tensor  # [S, Dmax + 1]: accepted drafts, then the row's token
+    num_accepted: torch.Tensor  # [S]
+    final: torch.Tensor  # [S] each row's last token now (the next step's input)
     valid: torch.Tensor | None = None  # [S] bool: not void (chained rows whose chain held)
 
 
-def prepare_verify(batch: InputBatch, buf: StepBuffers, sched: Scheduled, draft_token_ids: list[int],
-                   sample_rows: np.ndarray) -> VerifyRows:
-    """Writes the drafts of the verify rows (sched.drafts [B] > 0, plan order) into the host
-    input buffers (the row's first token is its last sample, the rest its drafts); call after
-    prepare_step, before the copy to the device. No draft_token_ids (a draft model proposes,
-    draft.py): the drafts are written on the device later, and draft_ids with them."""
-    rows, counts, num_drafts = sched.rows, sched.counts, sched.drafts
-    device = batch.last_sampled_gpu.device
-    idx = np.flatnonzero(num_drafts)
-    d = num_drafts[idx]
-    cu = np.cumsum(counts)
-    offsets = (cu - counts)[idx]  # the row's first token in the step
-    drafts = np.asarray(draft_token_ids, dtype=np.int64)
-    vrows = rows[idx]
-    starts = batch.num_computed[vrows] - counts[idx]  # prepare_step advanced them already
-    # The first token is the last sample (a decode row) or the last known token (the end of
-    # a prefill: prepare_step wrote it); drafts follow.
-    use_last, ids = buf.use_last.np, buf.input_ids.np
-    use_last[cu[idx] - 1] = False
-    use_last[offsets] = starts >= batch.num_known[vrows]
-    ends = np.cumsum(d)
-    if len(drafts):
-        for off, n, end in zip(offsets.tolist(), d.tolist(), ends.tolist()):
-            ids[off + 1:off + 1 + n] = drafts[end - n:end]
-    else:
-        drafts = np.zeros(int(ends[-1]), dtype=np.int64)  # placeholders until the draft model runs
-    rep = np.repeat(np.arange(len(idx)), d)
-    within = np.arange(int(ends[-1])) - np.repeat(ends - d, d)
-    token_index = offsets[rep] + within
-    prow = vrows[rep]
-    params = (batch.temperature[prow], batch.top_k[prow], batch.top_p[prow], batch.seed[prow],
-              starts[rep] + within + 1)
-    dmax = int(d.max())
-    pad = np.arange(dmax)[None, :]
-    valid = pad < d[:, None]
-    pad_index = np.where(valid, (ends - d)[:, None] + pad, 0)
-    position_of = {int(r): i for i, r in enumerate(sample_rows.tolist())}
-    sample_index = np.array([position_of[int(r)] for r in vrows], dtype=np.int64)
+class Verifier:
+    """Verification across steps: the rows' chain flags (device) and the rejected drafts'
+    slots still to give back (Rollbacks)."""
 
-    temperature, top_k, top_p = params[:3]
-    random = temperature > 0
-    chained = None if sched.chained is None else sched.chained[idx]
-    ints = [token_index, drafts, top_k, params[3], params[4], pad_index, valid, vrows,
-            np.zeros(0) if chained is None else chained]
-    ints_d, floats_d = _to_device([np.asarray(a, dtype=np.int64) for a in ints], [temperature, top_p], device)
-    token_index_d, drafts_d, top_k_d, seeds_d, positions_d, pad_index_d, valid_d, vrows_d, chained_d = ints_d
-    return VerifyRows([batch.states[int(r)] for r in vrows], sample_index, d, token_index_d, drafts_d,
-                      (floats_d[0], top_k_d, floats_d[1], seeds_d, positions_d), pad_index_d,
-                      valid_d.bool(), vrows_d, all_greedy=not random.any(),
-                      need_top_k_top_p=bool((random & ((top_k > 0) | (top_p < 1))).any()),
-                      chained=None if chained is None else chained_d.bool())
+    def __init__(self, max_num_seqs: int, device: torch.device):
+        # Per row: whether its last verify row (and every row of its chain) accepted every
+        # draft; read by a chained verify row, written by every verify row.
+        self.chain_ok = torch.zeros(max_num_seqs + 1, dtype=torch.bool, device=device)
+        self.rollbacks = Rollbacks()
 
+    def prepare(self, batch: InputBatch, sampler: Sampler, buf: StepBuffers, sched: Scheduled,
+                draft_token_ids: list[int], sample_rows: np.ndarray) -> VerifyRows:
+        """Writes the drafts of the verify rows (sched.drafts [B] > 0, plan order) into the host
+        input buffers (the row's first token is its last sample, the rest its drafts); call after
+        prepare_step, before the copy to the device. No draft_token_ids (a draft model proposes,
+        draft.py): the drafts are written on the device later, and its draft ids come from there."""
+        rows, counts, num_drafts = sched.rows, sched.counts, sched.drafts
+        idx = np.flatnonzero(num_drafts)
+        d = num_drafts[idx]
+        cu = np.cumsum(counts)
+        offsets = (cu - counts)[idx]  # the row's first token in the step
+        drafts = np.asarray(draft_token_ids, dtype=np.int64)
+        vrows = rows[idx]
+        starts = batch.num_computed[vrows] - counts[idx]  # prepare_step advanced them already
+        # The first token is the last sample (a decode row) or the last known token (the end of
+        # a prefill: prepare_step wrote it); drafts follow.
+        ends = np.cumsum(d)
+        rep = np.repeat(np.arange(len(idx)), d)
+        within = np.arange(int(ends[-1])) - np.repeat(ends - d, d)
+        token_index = offsets[rep] + within  # the token predicting each draft; the draft is next
+        use_last, ids = buf.use_last.np, buf.input_ids.np
+        use_last[token_index + 1] = False
+        use_last[offsets] = starts >= batch.num_known[vrows]
+        if len(drafts):
+            ids[token_index + 1] = drafts
+        temperature, top_k, top_p, seeds = sampler.params_of(vrows[rep])
+        positions = starts[rep] + within + 1
+        dmax = int(d.max())
+        pad = np.arange(dmax)[None, :]
+        valid = pad < d[:, None]
+        pad_index = np.where(valid, (ends - d)[:, None] + pad, 0)
+        position_of = {int(r): i for i, r in enumerate(sample_rows.tolist())}
+        sample_index = np.array([position_of[int(r)] for r in vrows], dtype=np.int64)
+        random = temperature > 0
+        chained = None if sched.chained is None else sched.chained[idx]
+        ints = [token_index, drafts if len(drafts) else np.zeros(0), top_k, seeds, positions, pad_index,
+                valid, vrows, np.zeros(0) if chained is None else chained]
+        device = self.chain_ok.device
+        (token_index_d, drafts_d, top_k_d, seeds_d, positions_d, pad_index_d, valid_d, vrows_d,
+         chained_d) = to_device_packed(ints, np.int64, device)
+        temperature_d, top_p_d = to_device_packed([temperature, top_p], np.float32, device)
+        params = SamplingTensors(temperature_d, top_k_d, top_p_d, seeds_d, positions_d,
+                                 all_greedy=not random.any(),
+                                 need_top_k_top_p=bool((random & ((top_k > 0) | (top_p < 1))).any()))
+        return VerifyRows([batch.states[int(r)] for r in vrows], sample_index, d, token_index_d,
+                          drafts_d if len(drafts) else None, params, pad_index_d, valid_d.bool(), vrows_d,
+                          chained=None if chained is None else chained_d.bool())
 
-def _to_device(ints: list[np.ndarray], floats: list[np.ndarray], device: torch.device):
-    """Two host -> device copies for the verify rows' arrays (int64 and float32 ones, each
-    packed into one tensor; CUDA: pinned and non-blocking, a pageable copy would sync the
-    stream), split back into device views of the arrays' shapes."""
-    out = []
-    for arrays, dtype in ((ints, np.int64), (floats, np.float32)):
-        packed = torch.from_numpy(np.concatenate([np.asarray(a, dtype=dtype).ravel() for a in arrays]))
-        if device.type == "cuda":
-            packed = packed.pin_memory().to(device, non_blocking=True)
-        views, start = [], 0
-        for a in arrays:
-            views.append(packed[start:start + a.size].view(a.shape))
-            start += a.size
-        out.append(views)
-    return out
+    def verify(self, v: VerifyRows, logits: torch.Tensor, draft_ids: torch.Tensor, last_tokens: torch.Tensor,
+               prev_last: torch.Tensor | None) -> VerifyOutcome:
+        """Scores the drafts (logits [D, V] of v.token_index) and picks each row's tokens; its
+        final token replaces the bonus token the sampler stored (last_tokens[v.rows]); records
+        in chain_ok whether each row accepted every draft. A chained row whose chain_ok was
+        false is void: its final token is prev_last (the row's last token before the sampler's
+        write this step)."""
+        bonus = last_tokens[v.rows]
+        accepted, recovered = rejection_sample(logits, draft_ids, v.params)
+        acc = accepted[v.pad_index] & v.pad_valid  # [S, Dmax]
+        num_accepted = acc.long().cumprod(dim=1).sum(dim=1)  # [S]
+        d = v.pad_valid.sum(dim=1)
+        rec = recovered[v.pad_index]
+        final = torch.where(num_accepted < d, rec.gather(1, num_accepted.clamp(max=rec.shape[1] - 1)[:, None])[:, 0],
+                            bonus)
+        tokens = torch.cat([draft_ids[v.pad_index], torch.zeros_like(final)[:, None]], dim=1)
+        tokens = tokens.scatter(1, num_accepted[:, None], final[:, None])
+        full, valid = num_accepted == d, None
+        if v.chained is not None:
+            valid = ~v.chained | self.chain_ok[v.rows]
+            full &= valid
+            final = torch.where(valid, final, prev_last)
+        self.chain_ok.index_copy_(0, v.rows, full)
+        return VerifyOutcome(tokens, num_accepted, final, valid)
 
-
-def verify(v: VerifyRows, logits: torch.Tensor, last_sampled: torch.Tensor, chain_ok: torch.Tensor) -> None:
-    """Scores the drafts (logits [D, V] of v.token_index), picks each row's tokens and stores
-    its last one as the row's last sampled token, where the sampler stored the bonus token;
-    records in chain_ok [rows] whether each row accepted every draft. A chained row whose
-    chain_ok was false is void: its last token goes back to v.prev_last."""
-    bonus = last_sampled[v.rows]
-    accepted, recovered = rejection_sample(logits, v.draft_ids, *v.params, all_greedy=v.all_greedy,
-                                           need_top_k_top_p=v.need_top_k_top_p)
-    acc = accepted[v.pad_index] & v.pad_valid  # [S, Dmax]
-    num_accepted = acc.long().cumprod(dim=1).sum(dim=1)  # [S]
-    d = v.pad_valid.sum(dim=1)
-    rec = recovered[v.pad_index]
-    final = torch.where(num_accepted < d, rec.gather(1, num_accepted.clamp(max=rec.shape[1] - 1)[:, None])[:, 0],
-                        bonus)
-    tokens = torch.cat([v.draft_ids[v.pad_index], torch.zeros_like(final)[:, None]], dim=1)
-    v.tokens = tokens.scatter(1, num_accepted[:, None], final[:, None])
-    v.num_accepted = num_accepted
-    full = num_accepted == d
-    if v.chained is not None:
-        v.valid = ~v.chained | chain_ok[v.rows]
-        full &= v.valid
-        final = torch.where(v.valid, final, v.prev_last)  # (set at launch for chained steps)
-    chain_ok.index_copy_(0, v.rows, full)
-    last_sampled.index_copy_(0, v.rows, final)
+    def result(self, v: VerifyRows, outcome: VerifyOutcome, token_ids: list[int]) -> tuple[list[int], list[int]]:
+        """(token ids, tokens per sampled row) of a finished step from its sampled ids (one per
+        row) and its verify rows' outcome; registers the rejected drafts' rollbacks."""
+        tokens, num_accepted = outcome.tokens.tolist(), outcome.num_accepted.tolist()
+        valid = [True] * len(num_accepted) if outcome.valid is None else outcome.valid.tolist()
+        per_row: list[list[int]] = [[t] for t in token_ids]
+        rejected = []
+        for i, a, n in zip(v.sample_index.tolist(), range(len(num_accepted)), v.num_drafts.tolist()):
+            per_row[i] = tokens[a][:num_accepted[a] + 1] if valid[a] else []  # a void row: none
+            rejected.append(int(n - num_accepted[a]) if valid[a] else int(n + 1))
+        self.rollbacks.add(v.states, rejected)
+        return [t for row in per_row for t in row], [len(row) for row in per_row]
 
 
 class Rollbacks:
@@ -207,34 +212,16 @@ class Rollbacks:
         with self._lock:
             self._pending.extend(zip(states, num_rejected))
 
-    def apply(self, batch: InputBatch) -> list[tuple[int, int]]:
-        """Gives the slots back; returns the (row, slots) applied (tensor parallelism: the
-        other ranks apply the same, parallel/runner.py)."""
+    def take(self, batch: InputBatch) -> list[tuple[int, int]]:
+        """The (row, slots) to give back now (InputBatch.give_back): the pending ones whose row
+        still holds the request (tensor parallelism: the other ranks give back the same,
+        parallel/ranks.py)."""
         if not self._pending:
             return []
         with self._lock:
             pending, self._pending = self._pending, []
-        applied = []
-        for state, n in pending:
-            if batch.states[state.row] is state:
-                batch.num_computed[state.row] -= n
-                applied.append((state.row, n))
-        return applied
+        return [(state.row, n) for state, n in pending if batch.states[state.row] is state]
 
     def clear(self) -> None:
         with self._lock:
             self._pending = []
-
-
-def verify_result(v: VerifyRows, token_ids: list[int], rollbacks: Rollbacks) -> tuple[list[int], list[int]]:
-    """(token ids, tokens per sampled row) of a finished step from its sampled ids (one per
-    row) and its verify rows; registers the rejected drafts' rollbacks."""
-    tokens, num_accepted = v.tokens.tolist(), v.num_accepted.tolist()
-    valid = [True] * len(num_accepted) if v.valid is None else v.valid.tolist()
-    per_row: list[list[int]] = [[t] for t in token_ids]
-    rejected = []
-    for i, a, n in zip(v.sample_index.tolist(), range(len(num_accepted)), v.num_drafts.tolist()):
-        per_row[i] = tokens[a][:num_accepted[a] + 1] if valid[a] else []  # a void row: none
-        rejected.append(int(n - num_accepted[a]) if valid[a] else int(n + 1))
-    rollbacks.add(v.states, rejected)
-    return [t for row in per_row for t in row], [len(row) for row in per_row]

@@ -19,9 +19,10 @@ from executor_svc.model_loader import checks as model_checks, safetensors as loa
 from executor_svc.models.attention import AttentionMetadata
 from executor_svc.models.llama import LlamaForCausalLM
 from executor_svc.parallel.state import SINGLE, TensorParallel
-from executor_svc.quantization import fp8
 from executor_svc.sample.graphs import SamplerGraphs
+from executor_svc.sample.inputs import SampleInputs
 from executor_svc.sample.rows import SamplingRows
+from executor_svc.sample.sampler import Sampler
 from executor_svc.spec_decode import draft_model
 from executor_svc.spec_decode.draft import DraftProposer
 from executor_svc.startup import kv_cache
@@ -39,20 +40,19 @@ log = logging.getLogger(__name__)
 PROFILE_SEQ_LEN = 512  # the profiling step is max_num_batched_tokens as sequences of this length
 
 
-def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRunner:
+def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE, workers=None) -> ModelRunner:
     """Loads, sizes, allocates and captures what config asks for; returns the runner over it.
     tp (size > 1): this rank's shard; the KV blocks are the fewest any rank fits, and the
-    runner a TensorParallelRunner (parallel/runner.py)."""
+    runner's ranks are TensorParallelRanks (parallel/ranks.py; workers: rank 0's other ranks,
+    parallel/launch.py)."""
     device, dtype = torch.device(config.device), getattr(torch, config.dtype)
     source = model_source.resolve(config.model, model_source.cache_dir(config.cache_dir), dtype)
     model_path = source.folder
     t0 = time.perf_counter()
     hf_config = loader.load_hf_config(model_path)  # ModelError: not a model folder, or not implemented
     max_model_len = model_checks.served_max_model_len(hf_config, config.max_model_len)  # before the weights
-    model = loader.load_model(model_path, device, dtype, hf_config, config.quantization, tp)
-    # before any warm-up or capture: a skinny kernel tunes itself (and syncs) at its first call;
-    # off for FP8 projections (the skinny kernels read dense weights)
-    model.skinny_max_tokens = config.skinny_max_tokens if device.type == "cuda" and not fp8.is_fp8(model) else 0
+    model = loader.load_model(model_path, device, dtype, hf_config, config.quantization, tp,
+                              skinny_max_tokens=config.skinny_max_tokens if device.type == "cuda" else 0)
     log.info("loaded %s in %.2f s", model_path, time.perf_counter() - t0)
     draft = draft_path = None
     if config.speculative_model:  # speculative decoding's draft model (spec_decode/draft.py)
@@ -65,7 +65,10 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRu
     max_logprobs = max(0, min(config.max_logprobs, args.vocab_size))
     sampling = SamplingRows(config.max_num_seqs, args.vocab_size, MAX_LOGIT_BIAS,
                             MAX_MIN_TOKENS_STOP_IDS, device)
-    batch = InputBatch(config.max_num_seqs, max_blocks_per_seq, device, sampling)
+    sample_inputs = SampleInputs(config.max_num_seqs, device)
+    # the rows' last sampled tokens (+ a scratch row for padded graph rows): the Sampler writes them
+    last_tokens = torch.zeros(config.max_num_seqs + 1, dtype=torch.int64, device=device)
+    batch = InputBatch(config.max_num_seqs, max_blocks_per_seq)
     buffers = StepBuffers(config.max_num_seqs, config.max_num_batched_tokens, max_blocks_per_seq, device)
     num_blocks = tp.min_over_ranks(measure_num_blocks(config, model, limits, draft))
     cache_dtype = kv_cache.cache_dtype(config.kv_cache_dtype, dtype)
@@ -78,12 +81,13 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRu
     if draft is not None:  # the same block ids and size as the target's: it reuses its block tables
         draft_scales = kv_cache.checkpoint_scales(config.kv_cache_dtype, draft.kv_scales, dtype)
         drafter = DraftProposer(draft, kv_cache.allocate_kv_caches(
-            draft.cache_args, num_blocks, config.block_size, cache_dtype, device, draft_scales), batch, limits)
+            draft.cache_args, num_blocks, config.block_size, cache_dtype, device, draft_scales), batch,
+            last_tokens, limits)
     graphs = sampler_graphs = None
     if config.use_cuda_graphs:
-        graphs = GraphRunner(model, buffers, kv_caches, batch.last_sampled_gpu, config.cuda_graph_sizes,
+        graphs = GraphRunner(model, buffers, kv_caches, last_tokens, config.cuda_graph_sizes,
                              max_model_len, config.mixed_cuda_graph_sizes)
-        sampler_graphs = SamplerGraphs(graphs.logits, batch.last_sampled_gpu, buffers, sampling.tables,
+        sampler_graphs = SamplerGraphs(graphs.logits, last_tokens, sample_inputs, sampling.tables,
                                        graphs.sizes, max_logprobs, graphs.pool)
         if drafter is not None:  # its catch-up steps while not speculating (spec_decode/draft.py)
             drafter.capture_graphs(config.cuda_graph_sizes, max_model_len)
@@ -95,13 +99,13 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE) -> ModelRu
         max_num_batched_tokens=config.max_num_batched_tokens, device=device.type, dtype=config.dtype,
         max_logprobs=max_logprobs, max_logit_bias=MAX_LOGIT_BIAS,
         max_min_tokens_stop_ids=MAX_MIN_TOKENS_STOP_IDS, draft_model_path=str(draft_path or ""))
-    if tp.size == 1:
-        runner = ModelRunner(model, kv_caches, batch, buffers, limits, info, graphs, sampler_graphs)
-        runner.drafter = drafter
-        return runner
-    from executor_svc.parallel.runner import TensorParallelRunner
+    sampler = Sampler(sampling, sample_inputs, last_tokens, sampler_graphs)
+    ranks = None
+    if tp.size > 1:
+        from executor_svc.parallel.ranks import TensorParallelRanks
 
-    return TensorParallelRunner(model, kv_caches, batch, buffers, limits, info, graphs, sampler_graphs).attach(tp)
+        ranks = TensorParallelRanks(tp, workers)
+    return ModelRunner(model, kv_caches, batch, buffers, sampler, limits, info, graphs, drafter, ranks)
 
 
 def measure_num_blocks(config: ExecutorConfig, model: LlamaForCausalLM, limits: StepLimits,

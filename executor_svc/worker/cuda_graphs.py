@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -81,14 +81,19 @@ class GraphRunner:
 
     def shape_for(self, step: PreparedStep, need_hidden: bool = False) -> GraphShape | None:
         """The smallest captured graph the step fits; None = run it eagerly. A pure-decode
-        step takes a decode graph, unless it needs the hidden states (need_hidden: verify rows;
+        step takes a decode graph, unless it needs the hidden states (need_hidden: verify rows,
         prompt logprobs); any other step a mixed graph of at least its token count."""
-        need_hidden = need_hidden or step.prompt_logprobs is not None
-        if step.is_decode and not need_hidden and self.sizes and step.num_reqs <= self.sizes[-1]:
-            return self.decode_shapes[bisect.bisect_left(self.sizes, step.num_reqs)]
+        if step.is_decode and not need_hidden and (shape := self.decode_shape(step.num_reqs)) is not None:
+            return shape
         if not self.mixed_sizes or step.num_tokens > self.mixed_sizes[-1]:
             return None
         return self.mixed_shapes[bisect.bisect_left(self.mixed_sizes, step.num_tokens)]
+
+    def decode_shape(self, num_reqs: int) -> GraphShape | None:
+        """The smallest decode graph of at least num_reqs rows; None = larger than every one."""
+        if not self.sizes or num_reqs > self.sizes[-1]:
+            return None
+        return self.decode_shapes[bisect.bisect_left(self.sizes, num_reqs)]
 
     def replay(self, shape: GraphShape) -> torch.Tensor:
         """Replays the graph of `shape` over the (already copied and padded) static buffers ->
@@ -136,19 +141,25 @@ class GraphRunner:
         stream = torch.cuda.Stream()
         for shape in _progress(sorted(self.shapes, key=lambda s: (s.num_tokens, s.decode), reverse=True)):
             attn = self._metadata(shape)
-            with torch.cuda.stream(stream):
-                self._run(shape, attn)  # warm-up: lazy init and kernel compilation, off the capture
-            stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                self._run(shape, attn)
-            self.graphs[shape] = graph
+            self.graphs[shape] = capture_graph(lambda: self._run(shape, attn), self.pool, stream)
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - t0
         self.pool_bytes = free_before - torch.cuda.mem_get_info()[0]
         log.info("captured %d CUDA graphs (decode batch sizes %s, mixed token counts %s) in %.1f s, "
                  "graph pool %.0f MiB", len(self.shapes), self.sizes, self.mixed_sizes, self.capture_s,
                  self.pool_bytes / (1 << 20))
+
+
+def capture_graph(run: Callable[[], object], pool, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+    """One warm-up run on `stream` (lazy init and kernel compilation, off the capture), then
+    one more run captured into a graph in `pool`: every graph of the executor is made here."""
+    with torch.cuda.stream(stream):
+        run()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        run()
+    return graph
 
 
 def _progress(shapes: list[GraphShape]):

@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from executor_svc.sample.rows import SamplingRows
 from step_protocol.domain import NewRequestData
 
 
@@ -16,18 +14,17 @@ class RequestState:
     """What the executor remembers of one running request (its counters live in InputBatch rows)."""
 
     req_id: int
-    row: int  # row in the persistent tables (block table, counters, sampling params, last sampled)
+    row: int  # row in the persistent tables (block table, counters; the Sampler's, the draft's)
     token_ids: np.ndarray  # [num_known] int64: tokens the scheduler sent (prompt + pre-preemption output)
 
 
 class InputBatch:
-    """Persistent per-request rows: block table, counters, sampling params, last sampled token
-    (on device). The per-row numpy arrays let a step be prepared with whole-array operations."""
+    """Persistent per-request rows: which request holds each row, its block table and token
+    counters (the sampling state of a row is the Sampler's, sample/). The per-row numpy
+    arrays let a step be prepared with whole-array operations."""
 
-    def __init__(self, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device,
-                 sampling: SamplingRows):
+    def __init__(self, max_num_seqs: int, max_blocks_per_seq: int):
         s = max_num_seqs
-        self.sampling = sampling  # the logits processors' per-row state
         self.max_num_seqs, self.max_blocks_per_seq = max_num_seqs, max_blocks_per_seq
         self.requests: dict[int, RequestState] = {}
         self.states: list[RequestState | None] = [None] * s  # by row
@@ -36,15 +33,6 @@ class InputBatch:
         self.num_blocks = np.zeros(s, dtype=np.int64)  # blocks in the row's table
         self.num_computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed (or enqueued)
         self.num_known = np.zeros(s, dtype=np.int64)  # len(token_ids): tokens the scheduler sent
-        self.temperature = np.zeros(s, dtype=np.float32)
-        self.top_k = np.zeros(s, dtype=np.int64)
-        self.top_p = np.ones(s, dtype=np.float32)
-        self.seed = np.zeros(s, dtype=np.int64)
-        # [max_num_seqs + 1] int64; the extra row is scratch for padded rows of a graph
-        self.last_sampled_gpu = torch.zeros(max_num_seqs + 1, dtype=torch.int64, device=device)
-        # Per row: whether its last verify row (and every row of its chain) accepted every
-        # draft; read by a chained verify row (spec_decode/verify.py), written by every verify row.
-        self.chain_ok_gpu = torch.zeros(max_num_seqs + 1, dtype=torch.bool, device=device)
 
     def add(self, new: NewRequestData) -> RequestState:
         if new.req_id in self.requests:
@@ -56,17 +44,13 @@ class InputBatch:
         self.requests[new.req_id] = state
         self.states[row] = state
         # All or nothing: a request whose row cannot be set up (a value its arrays cannot
-        # take, its sampling state) is forgotten again, and its row is free for the next
+        # take) is forgotten again, and its row is free for the next
         # request, which overwrites every field below (a failed add fails that request alone).
         try:
             self.block_table[row] = 0
             self.num_blocks[row] = 0
             self.num_computed[row] = new.num_computed_tokens
             self.num_known[row] = len(state.token_ids)
-            s = new.sampler_params
-            self.temperature[row], self.top_k[row], self.top_p[row] = s.temperature, s.top_k, s.top_p
-            self.seed[row] = s.seed & 0x7FFFFFFFFFFFFFFF
-            self.sampling.add(row, new)
             self.append_blocks(state, new.block_ids)
         except BaseException:
             self.remove(new.req_id)
@@ -92,6 +76,11 @@ class InputBatch:
             raise ValueError(f"request {state.req_id}: {end} blocks > max {self.max_blocks_per_seq}")
         self.block_table[row, start:end] = block_ids
         self.num_blocks[row] = end
+
+    def give_back(self, rollbacks: list[tuple[int, int]]) -> None:
+        """Rejected drafts' slots (row, n): the row's last n computed tokens are not its own."""
+        for row, n in rollbacks:
+            self.num_computed[row] -= n
 
     def remove(self, req_id: int) -> None:
         """Forgets a request (finished, aborted or preempted); unknown ids are ignored."""

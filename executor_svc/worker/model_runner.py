@@ -2,30 +2,34 @@
 
 A step is launched (enqueued on the device, no host sync) and finished later (wait for its
 event, read the sampled ids), so the next step can be launched while this one runs. The runner
-is built, with everything it needs, by startup.build_runner."""
+is built, with everything it needs, by startup.build_runner: the rows (InputBatch), the step
+buffers, the Sampler (sample/: every per-row sampling state), the Verifier and the draft
+proposer (spec_decode/), the graphs, and the ranks it runs with (worker/ranks.py: one device,
+or tensor parallelism's TensorParallelRanks, called at fixed points of a step)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from executor_svc.models.attention import AttentionMetadata
 from executor_svc.models.kv_cache import KVCache
 from executor_svc.models.llama import LlamaForCausalLM
-from executor_svc.sample.graphs import SamplerGraphs, processor_params, sampling_params
-from executor_svc.sample.logits_processors import apply_processors, compute_logprobs, count_tokens
-from executor_svc.sample.logprobs import PendingLogprobs, PendingPromptLogprobs, prompt_logprobs
-from executor_svc.sample.sampler import sample
+from executor_svc.sample.inputs import SampleStep
+from executor_svc.sample.logprobs import PendingPromptLogprobs, PromptLogprobRows, prompt_logprobs
+from executor_svc.sample.sampler import Sampled, Sampler
 from executor_svc.spec_decode.draft import DraftProposer
-from executor_svc.spec_decode.verify import Rollbacks, VerifyRows, prepare_verify, verify, verify_result
+from executor_svc.spec_decode.verify import Verifier, VerifyOutcome, VerifyRows
 from executor_svc.worker.cuda_graphs import GraphRunner, GraphShape
 from executor_svc.worker.input_batch import InputBatch
 from executor_svc.worker.plan_apply import Admitted, admit
+from executor_svc.worker.ranks import OneDevice
 from executor_svc.worker.step_buffers import StepBuffers
-from executor_svc.worker.step_inputs import PreparedStep, Scheduled, StepLimits, prepare_step
+from executor_svc.worker.step_inputs import PreparedStep, StepLimits, prepare_step
 from executor_svc.worker.step_timer import StepTimer
 from step_protocol.domain import ExecutorInfo, StepPlan, StepResult
 
@@ -36,12 +40,11 @@ class StepHandle:
 
     out: StepResult  # step_id, prepare_us, graph_size set by launch(); the rest by finish()
     req_ids: list[int] = field(default_factory=list)  # requests that sample, in plan order
-    sampled_host: torch.Tensor | None = None  # [N] int64 view of a pinned host buffer
     timer: StepTimer | None = None  # CUDA: its last event marks the step's completion
     prev_end: torch.cuda.Event | None = None  # the previous step's completion (device idle)
-    logprobs: PendingLogprobs | None = None
+    sampled: Sampled | None = None  # None: nothing sampled here (or another rank decides)
     prompt_logprobs: PendingPromptLogprobs | None = None
-    verify: VerifyRows | None = None  # speculative decoding's verify rows (spec_decode/verify.py)
+    verify: tuple[VerifyRows, VerifyOutcome] | None = None  # speculative decoding's verify rows
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -50,31 +53,36 @@ class StepHandle:
         return self.out.step_id
 
 
+class Prepared(NamedTuple):
+    """A step's inputs, written on the host (ModelRunner._prepare)."""
+
+    step: PreparedStep
+    sampling: SampleStep
+    prompt_rows: PromptLogprobRows | None
+    spec: VerifyRows | None
+
+
 class ModelRunner:
     """Launches and finishes the steps of one device over what start-up built: the model, its
-    KV caches, the persistent request rows (batch), the static step buffers and, on CUDA, the
-    captured decode graphs (None = always eager) with their processor/logprobs graphs.
-    `info` is the handshake answer. drafter: speculative decoding's draft model (spec_decode/draft.py;
-    start-up sets it), None without one."""
-
-    drafter: DraftProposer | None = None
+    KV caches, the persistent request rows (batch), the static step buffers, the sampler and,
+    on CUDA, the captured graphs (None = always eager). `info` is the handshake answer.
+    drafter: speculative decoding's draft model (spec_decode/draft.py), None without one;
+    ranks: the other devices of each step (worker/ranks.py)."""
 
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[KVCache], batch: InputBatch,
-                 buffers: StepBuffers, limits: StepLimits, info: ExecutorInfo,
-                 graphs: GraphRunner | None = None, sampler_graphs: SamplerGraphs | None = None):
+                 buffers: StepBuffers, sampler: Sampler, limits: StepLimits, info: ExecutorInfo,
+                 graphs: GraphRunner | None = None, drafter: DraftProposer | None = None,
+                 ranks=None):
         self.model, self.kv_caches, self.batch, self.buffers = model, kv_caches, batch, buffers
-        self.limits, self._info, self.graphs = limits, info, graphs
-        self.sampler_graphs = sampler_graphs
+        self.sampler, self.limits, self._info, self.graphs = sampler, limits, info, graphs
+        self.drafter, self.ranks = drafter, ranks if ranks is not None else OneDevice()
         self.device = buffers.device
+        self.verifier = Verifier(limits.max_num_seqs, self.device)
         self._graphs_on = graphs is not None
-        # ids sampled by a step, copied here (pinned, one per step parity) and read in finish()
-        self._sampled_host = [torch.zeros(limits.max_num_seqs, dtype=torch.int64,
-                                          pin_memory=self.device.type == "cuda") for _ in range(2)]
         self._parity = 0  # host buffer set of the next launched step
         self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
         self._last_end: torch.cuda.Event | None = None  # completion event of the last launched step
         self._stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None  # every step's
-        self._rollbacks = Rollbacks()  # rejected drafts' slots, given back at the next launch
 
     def info(self) -> ExecutorInfo:
         """The handshake answer: what start-up loaded, allocated and captured."""
@@ -83,17 +91,30 @@ class ModelRunner:
     def use_graphs(self, enabled: bool) -> None:
         """Replays captured graphs for the steps launched from now on (the default when graphs
         were captured), or runs every step eagerly; benchmarks and tests compare the two."""
+        with self.ranks.guard():
+            self.ranks.use_graphs(enabled)
         self._graphs_on = enabled and self.graphs is not None
 
     def reset(self) -> None:
         """Finishes any launched step, then forgets every request."""
-        for handle in self._handles:
-            if handle is not None:
-                self.finish(handle)
-        self._handles = [None, None]
-        self._last_end = None
-        self._rollbacks.clear()
-        self.batch.clear()
+        with self.ranks.guard():
+            self.ranks.reset()
+            for handle in self._handles:
+                if handle is not None:
+                    self.finish(handle)
+            self._handles = [None, None]
+            self._last_end = None
+            self.verifier.rollbacks.clear()
+            self.batch.clear()
+            self.sampler.reset()
+
+    def watch(self, on_failure) -> None:
+        """on_failure(reason) once, from another thread, when another rank of the step dies."""
+        self.ranks.watch(on_failure)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stops the other ranks, if any."""
+        self.ranks.close(timeout)
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -108,18 +129,22 @@ class ModelRunner:
         Checks the plan (a bad one raises PlanError and changes nothing; a bad row fails
         alone, in the result's failed_req_ids, and the rest runs), updates rows,
         prepares the inputs in host set (step parity), copies them non-blocking, runs the
-        forward (graph replay or eager), samples on the device, stores the ids as the rows'
-        last tokens, enqueues their copy into a pinned host buffer and records an event.
+        forward (graph replay or eager), samples on the device (the rows' last tokens, a copy
+        into pinned host memory), verifies the drafts of verify rows and records an event.
         No host synchronisation, except when the step that last used this parity's buffers has
         not been finished yet (more than two steps outstanding): then it is finished first.
         Steps must be finished in launch order; finish() may run on another thread.
         arrived: time.perf_counter() when the plan arrived (its wait is reported as queued_us).
         """
         t0 = time.perf_counter()
+        with self.ranks.guard():
+            return self._launch(plan, arrived, t0)
+
+    def _launch(self, plan: StepPlan, arrived: float | None, t0: float) -> StepHandle:
         out = StepResult(step_id=plan.step_id)
         if arrived is not None:
             out.queued_us = int((t0 - arrived) * 1e6)
-        admitted = self._update_states(plan)
+        admitted = self.ranks.admit(plan, self.verifier.rollbacks.take(self.batch), self._apply)
         plan, scheduled = admitted.plan, admitted.scheduled  # the plan less its failed rows
         if admitted.failed:
             out.failed_req_ids = [req_id for req_id, _ in admitted.failed]
@@ -132,33 +157,36 @@ class ModelRunner:
         if prev is not None:
             self.finish(prev)  # normally done already: its buffers are free
         try:
-            self.buffers.use_host(parity)
-            step = self._prepare(scheduled)
-            spec = None if scheduled.drafts is None else prepare_verify(
-                self.batch, self.buffers, scheduled, plan.draft_token_ids, step.sample_rows)
-            shape = self.graphs.shape_for(step, spec is not None) if self._graphs_on else None
+            step, sampling, prompt_rows, spec = self._prepare(admitted, parity)
+            need_hidden = spec is not None or prompt_rows is not None
+            shape = self.graphs.shape_for(step, need_hidden) if self._graphs_on else None
             timer = StepTimer(self.device, self._stream)
             timer.mark()  # the step's start on the device: before its input copies
             attn = self._copy_inputs(step, shape)
             out.prepare_us = int((time.perf_counter() - t0) * 1e6)
             out.graph_size = shape.num_tokens if shape is not None else 0  # decode: = its batch
             timer.mark()
+            drafts = None if spec is None else spec.draft_ids
             if self.drafter is not None:  # draft model: its KV catches up, verify rows get drafts
-                self.drafter.propose(scheduled, spec, parity, self.buffers.input_ids.gpu)
+                drafts = self.drafter.propose(scheduled, spec, parity, self.buffers.input_ids.gpu)
             logits, hidden = self._forward(step, attn, shape)  # [N, V]; [T, H] when eager
             timer.mark()
-            sampled_host = self._sampled_host[parity][:step.num_sample]
-            handle = StepHandle(out, [], sampled_host, timer, prev_end=self._last_end)
-            if spec is not None and spec.chained is not None:  # last tokens before the sampler's (void rows)
-                spec.prev_last = self.batch.last_sampled_gpu[spec.rows]
-            if step.num_sample:
-                decode_size = shape.num_reqs if shape is not None and shape.decode else 0
-                handle.logprobs = self._sample(step, logits, sampled_host, decode_size)
+            handle = StepHandle(out, timer=timer, prev_end=self._last_end)
+            last = self.sampler.last_tokens
+            prev_last = last[spec.rows] if spec is not None and spec.chained is not None else None
+            if step.num_sample and self.ranks.decides:
+                every_row = shape is not None and shape.decode and step.num_sample == step.num_reqs
+                handle.sampled = self.sampler.sample(logits, sampling, shape.num_reqs if every_row else 0)
             if spec is not None:  # verify steps: eager, or a mixed graph (its hidden states)
-                handle.verify = self._verify(spec, hidden)
-            if step.prompt_logprobs is not None:
-                handle.prompt_logprobs = prompt_logprobs(self.model.compute_logits, hidden,
-                                                         step.prompt_logprobs)
+                draft_logits = self.model.compute_logits(hidden[spec.token_index])  # every rank
+                if self.ranks.decides:
+                    outcome = self.verifier.verify(spec, draft_logits, drafts, last, prev_last)
+                    self.sampler.store_last(spec.rows, outcome.final)
+                    handle.verify = (spec, outcome)
+            if step.num_sample:
+                self.ranks.share_last_tokens(last)  # the deciding rank's, once final
+            if prompt_rows is not None:
+                handle.prompt_logprobs = prompt_logprobs(self.model.compute_logits, hidden, prompt_rows)
             timer.mark()  # after the copies to the host: the step's completion event
         except BaseException:
             if self._stream is not None:  # copies out of this host set may still be pending
@@ -182,47 +210,51 @@ class ModelRunner:
             out.forward_us, out.sample_us = timer.elapsed_us()
             out.device_idle_us = timer.idle_before_us(handle.prev_end)
             handle.prev_end = None  # keep no chain of events alive
-            if handle.req_ids:
-                out.token_ids = handle.sampled_host.tolist()
+            sampled = handle.sampled
+            if handle.req_ids and sampled is not None:
+                out.token_ids = sampled.host.tolist()
                 out.req_ids = handle.req_ids
-                if handle.logprobs is not None:
-                    out.logprobs = handle.logprobs.result(out.token_ids)
+                if sampled.logprobs is not None:
+                    out.logprobs = sampled.logprobs.result(out.token_ids)
                 if handle.verify is not None:  # a verify row answers its accepted drafts + 1
-                    out.token_ids, out.num_tokens = verify_result(handle.verify, out.token_ids, self._rollbacks)
+                    out.token_ids, out.num_tokens = self.verifier.result(*handle.verify, out.token_ids)
             if handle.prompt_logprobs is not None:
                 out.prompt_logprobs = handle.prompt_logprobs.result()
             handle.finished = True
             return out
 
-    def _update_states(self, plan: StepPlan) -> Admitted:
+    def _apply(self, plan: StepPlan, give_back: list[tuple[int, int]]) -> Admitted:
         """Gives back rejected drafts' slots, then checks and applies the plan (plan_apply.py:
         PlanError and nothing changed, or the rows that fail alone dropped)."""
-        self._apply_rollbacks()  # of verify steps finished since the last launch
-        return admit(plan, self.batch, self._info)
+        self.batch.give_back(give_back)
+        return admit(plan, self.batch, self.sampler, self._info)
 
-    def _apply_rollbacks(self) -> None:
-        self._rollbacks.apply(self.batch)
-
-    def _verify(self, spec: VerifyRows, hidden: torch.Tensor) -> VerifyRows | None:
-        """Scores the drafts and picks the verify rows' tokens (spec_verify.verify); returns what
-        finish() reads (None: nothing to answer or roll back)."""
-        verify(spec, self.model.compute_logits(hidden[spec.token_index]), self.batch.last_sampled_gpu,
-               self.batch.chain_ok_gpu)
-        return spec
-
-    def _prepare(self, scheduled: Scheduled) -> PreparedStep:
-        """Writes the step's inputs into the host buffers, advances the rows (step_inputs.py)."""
-        return prepare_step(self.batch, self.buffers, scheduled, self.limits)
+    def _prepare(self, admitted: Admitted, parity: int) -> Prepared:
+        """Writes the step's inputs into host set `parity`: the rows' chunks (step_inputs.py,
+        which advances the rows), the sampled rows' columns (the Sampler's), the prompt
+        positions with logprobs and the verify rows' drafts."""
+        scheduled = admitted.scheduled
+        self.buffers.use_host(parity)
+        step = prepare_step(self.batch, self.buffers, scheduled, self.limits)
+        sampling = self.sampler.prepare(step.sample_rows, step.sample_positions, parity)
+        prompt_rows = self.sampler.prompt_logprob_rows(
+            self.batch.states, scheduled.rows, step.chunk_start, step.chunk_start + scheduled.counts,
+            step.token_offset)
+        spec = None if scheduled.drafts is None else self.verifier.prepare(
+            self.batch, self.sampler, self.buffers, scheduled, admitted.plan.draft_token_ids, step.sample_rows)
+        return Prepared(step, sampling, prompt_rows, spec)
 
     def _copy_inputs(self, step: PreparedStep, shape: GraphShape | None) -> AttentionMetadata:
         """Copies the first rows of every buffer to the device (padded to the graph's shape)."""
         buf = self.buffers
         if shape is not None:
             buf.pad(step.num_reqs, step.num_tokens, step.num_sample, shape.num_reqs, shape.num_tokens)
+            self.sampler.pad(step.num_sample, shape.num_reqs)
             num_reqs, num_tokens = shape.num_reqs, shape.num_tokens
         else:
             num_reqs, num_tokens = step.num_reqs, step.num_tokens
         buf.copy_to_device(num_reqs, num_tokens)
+        self.sampler.copy_to_device()
         return AttentionMetadata.from_buffers(buf, num_reqs, num_tokens, step.max_query_len,
                                               step.max_seq_len, num_sample=step.num_sample)
 
@@ -240,37 +272,6 @@ class ModelRunner:
             # row i = token logits_indices[i]
             return logits[:step.num_sample], self.graphs.hidden[:step.num_tokens]
         t = step.num_tokens
-        tokens = self.buffers.input_tokens(self.batch.last_sampled_gpu, t)  # [T] int64
+        tokens = self.buffers.input_tokens(self.sampler.last_tokens, t)  # [T] int64
         hidden = self.model(tokens, self.buffers.positions.gpu[:t], attn, self.kv_caches)  # [T, H]
         return self.model.compute_logits(hidden[attn.logits_indices]), hidden
-
-    def _sample(self, step: PreparedStep, logits: torch.Tensor, sampled_host: torch.Tensor,
-                graph_size: int) -> PendingLogprobs | None:
-        """Runs the logits processors (if a row uses one), samples [N] ids, stores them as the
-        rows' last tokens on the device, counts them (if a row has penalties) and enqueues
-        their copy (and their logprobs, if a row asked) to pinned host memory; finish() reads
-        them after the event. Steps that replayed a decode graph of graph_size (0: eager or a
-        mixed graph) replay the captured sampler graphs of that size too: the sample graph when
-        every row samples without processors or top-k/top-p, else processors/logprobs graphs."""
-        buf, n = self.buffers, step.num_sample
-        graphs = self.sampler_graphs if graph_size else None
-        tables = self.batch.sampling.tables
-        rows = buf.sample_rows.gpu[:n]
-        if graphs is not None and n == step.num_reqs and not (step.need_processors or step.need_top_k_top_p):
-            sampled = graphs.sample(graph_size, n)  # the common decode step: one more replay
-        else:
-            processed = logits
-            if step.need_processors:
-                processed = (graphs.processors(graph_size, n) if graphs is not None
-                             else apply_processors(logits, processor_params(buf, n), tables))
-            params = sampling_params(buf, n, step.all_greedy, step.need_top_k_top_p)
-            sampled = sample(processed, params)  # [N] int64
-            self.batch.last_sampled_gpu.index_copy_(0, rows, sampled)
-        if step.need_penalties:
-            count_tokens(tables.counts, rows, sampled)
-        sampled_host.copy_(sampled, non_blocking=True)
-        if step.num_logprobs < 0:
-            return None
-        lp = (graphs.logprobs(graph_size, sampled) if graphs is not None
-              else compute_logprobs(logits, sampled, step.num_logprobs))
-        return PendingLogprobs(lp, step.num_logprobs)

@@ -1,9 +1,9 @@
 """Applying a checked step plan to the persistent rows: the step's first change of state.
 
-A row that fails while its state is set up (InputBatch.add raised: a value its arrays cannot
-take, its sampling state) fails alone, as a row the checks refused does: its add is undone
-(InputBatch.add is all or nothing), the row is dropped from the plan, and the rest of the
-plan runs. The plan that runs (`Admitted.plan`) is what a tensor-parallel rank 0 sends to its
+A row that fails while its state is set up (InputBatch.add or Sampler.add_request raised: a
+value its arrays cannot take, its sampling state) fails alone, as a row the checks refused
+does: its add is undone (both are all or nothing), the row is dropped from the plan, and the
+rest of the plan runs. The plan that runs (`Admitted.plan`) is what a tensor-parallel rank 0 sends to its
 other ranks, so every rank applies exactly the same rows.
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from executor_svc.sample.sampler import Sampler
 from executor_svc.worker.input_batch import InputBatch
 from executor_svc.worker.plan_checks import check_plan
 from executor_svc.worker.step_inputs import Scheduled
@@ -32,20 +33,27 @@ class Admitted:
     failed: list[tuple[int, str]]  # (req_id, why) of each failed row, in the order found
 
 
-def admit(plan: StepPlan, batch: InputBatch, info: ExecutorInfo) -> Admitted:
+def admit(plan: StepPlan, batch: InputBatch, sampler: Sampler, info: ExecutorInfo) -> Admitted:
     """Checks the plan (plan_checks.py: PlanError and nothing changed, or rows dropped), then
-    drops finished / preempted rows, adds new requests and applies the block deltas of the
-    cached ones (columns, used as they come)."""
-    checked = check_plan(plan, batch, info)
+    drops finished / preempted rows, adds new requests (their rows, then their sampling state)
+    and applies the block deltas of the cached ones (columns, used as they come)."""
+    checked = check_plan(plan, batch, sampler.rows, info)
     plan, failed = checked.plan, checked.failed
     for req_id, why in failed:
         log.warning("step %d: request %d failed alone: %s", plan.step_id, req_id, why)
     for req_id in (*plan.finished_req_ids, *plan.preempted_req_ids):
+        if (state := batch.requests.get(req_id)) is not None:
+            sampler.remove(state.row)
         batch.remove(req_id)
     not_added = []
     for new in plan.new_requests:
         try:
-            batch.add(new)
+            state = batch.add(new)
+            try:
+                sampler.add_request(state.row, new)
+            except BaseException:
+                batch.remove(new.req_id)
+                raise
         except Exception as e:  # noqa: BLE001 - this request's trouble: it fails alone
             log.error("step %d: request %d failed alone: its row could not be set up",
                       plan.step_id, new.req_id, exc_info=e)

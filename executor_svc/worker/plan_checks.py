@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from executor_svc.sample.rows import SamplingRows
 from executor_svc.worker.input_batch import InputBatch
 from executor_svc.worker.new_request_checks import check_new_request
 from step_protocol.domain import ExecutorInfo, StepPlan
@@ -55,7 +56,7 @@ class CheckedPlan:
     failed: list[tuple[int, str]] = field(default_factory=list)  # (req_id, why) of dropped rows
 
 
-def check_plan(plan: StepPlan, batch: InputBatch, info: ExecutorInfo) -> CheckedPlan:
+def check_plan(plan: StepPlan, batch: InputBatch, sampling: SamplingRows, info: ExecutorInfo) -> CheckedPlan:
     """Raises PlanError for a fault of the whole plan; drops each row that fails (RowError),
     see the module's docstring. Changes nothing."""
     gone = set(plan.finished_req_ids) | set(plan.preempted_req_ids)
@@ -66,7 +67,7 @@ def check_plan(plan: StepPlan, batch: InputBatch, info: ExecutorInfo) -> Checked
     failed: list[tuple[int, str]] = []
     while True:  # a pass per failed row: the rows left are checked again without it
         try:
-            checked = _check_rows(plan, batch, info)
+            checked = _check_rows(plan, batch, sampling, info)
         except RowError as e:
             if e.req_id not in plan.scheduled_req_ids:  # would never end: not a row's fault
                 raise PlanError(str(e)) from None
@@ -77,7 +78,7 @@ def check_plan(plan: StepPlan, batch: InputBatch, info: ExecutorInfo) -> Checked
         return checked
 
 
-def _check_rows(plan: StepPlan, batch: InputBatch, info: ExecutorInfo) -> CheckedPlan:
+def _check_rows(plan: StepPlan, batch: InputBatch, sampling: SamplingRows, info: ExecutorInfo) -> CheckedPlan:
     """The checks of single rows, on a plan whose columns agree; RowError for the first."""
     cached_rows, num_scheduled, num_new_blocks = _cached_columns(plan, batch)
     for new in plan.new_requests:
@@ -86,7 +87,7 @@ def _check_rows(plan: StepPlan, batch: InputBatch, info: ExecutorInfo) -> Checke
         except ValueError as e:  # its fields: this row's fault alone
             raise RowError(new.req_id, str(e)) from None
     _check_block_ids(plan, num_new_blocks, info.num_blocks)
-    num_drafts = _check_drafts(plan, cached_rows, num_scheduled, batch, info)
+    num_drafts = _check_drafts(plan, cached_rows, num_scheduled, batch, sampling, info)
     chained = _check_chained(plan, num_drafts)
     _check_cached_spans(plan, cached_rows, num_scheduled, num_new_blocks, batch, info,
                         0 if num_drafts is None else num_drafts)
@@ -111,7 +112,7 @@ def _check_draft_columns(plan: StepPlan, info: ExecutorInfo) -> None:
                         f"match {len(plan.draft_token_ids)} draft_token_ids")
 
 
-def _check_drafts(plan: StepPlan, rows: np.ndarray, n: np.ndarray, batch: InputBatch,
+def _check_drafts(plan: StepPlan, rows: np.ndarray, n: np.ndarray, batch: InputBatch, rs: SamplingRows,
                   info: ExecutorInfo) -> np.ndarray | None:
     """Draft tokens (speculative decoding, spec_decode/verify.py): [C] counts, or None without any.
     A verify row computes 1 + d tokens from its last sampled or last known token, with
@@ -128,7 +129,6 @@ def _check_drafts(plan: StepPlan, rows: np.ndarray, n: np.ndarray, batch: InputB
         owner = int(np.searchsorted(np.cumsum(d), outside[0], side="right"))
         raise RowError(c.req_ids[owner], f"cached request {c.req_ids[owner]}: draft token id "
                        f"{ids[outside[0]]} is outside the vocabulary (0 to {info.vocab_size - 1})")
-    rs = batch.sampling
     bad = np.flatnonzero((d > 0) & ((n != d + 1) | (batch.num_computed[rows] + 1 < batch.num_known[rows])
                                     | rs.uses_processors[rows] | (rs.logprobs[rows] >= 0)))
     if len(bad):

@@ -80,7 +80,7 @@ def graph_and_eager_logits(runner: ModelRunner, plan: StepPlan):
     """The plan's step through its graph, then eagerly on the same inputs -> ([N, V], [N, V],
     the graph's shape)."""
     with torch.inference_mode():
-        step = runner._prepare(runner._update_states(plan).scheduled)
+        step = runner._prepare(runner._apply(plan, []), 0).step
         shape = runner.graphs.shape_for(step)
         graph_logits = runner._forward(step, runner._copy_inputs(step, shape), shape)[0].clone()
         eager_logits = runner._forward(step, runner._copy_inputs(step, None), None)[0]

@@ -98,12 +98,12 @@ def single(fn, *args):
 
 
 def runner_scenario(tp: TensorParallel, path):
-    """Rank 0 drives a ModelRunner (TensorParallelRunner with tp) through prefills, a chunked
+    """Rank 0 drives a ModelRunner (its ranks TensorParallelRanks) through prefills, a chunked
     prefill, decodes with greedy / seeded / penalised sampling and logprobs, a refused plan, rows
     that fail alone (new and cached) and a reset; returns every step's (req_ids, token_ids,
     failed_req_ids, logprobs, prompt logprobs), or ("refused", error).
     The other ranks serve what rank 0 sends and return None."""
-    from executor_svc.parallel.runner import serve_plans
+    from executor_svc.parallel.ranks import serve_plans
     from executor_svc.worker.plan_checks import PlanError
     from step_protocol.domain import (
         CachedRequestData,

@@ -50,7 +50,7 @@ def test_shapes_that_do_not_split_are_refused():
 
 
 def test_runner_on_two_ranks_answers_as_one(model_dirs):
-    """TensorParallelRunner: rank 0 sends each plan, samples once and broadcasts the ids;
+    """TensorParallelRanks: rank 0 sends each plan, samples once and broadcasts the ids;
     greedy, seeded sampling with penalties, logprobs, prompt logprobs, a refused plan, rows
     that fail alone and a reset give rank 0 the results of one rank."""
     path = model_dirs["tiny-qwen2"]

@@ -56,7 +56,7 @@ def test_quantized_shards_are_the_single_device_weights(model_dirs):
 
 
 def _runner_greedy(tp, path, num_tokens: int):
-    from executor_svc.parallel.runner import serve_plans
+    from executor_svc.parallel.ranks import serve_plans
     from executor_svc.startup.build import build_runner
     from tests.executor.quantization.test_fp8 import greedy
 

@@ -12,7 +12,7 @@ from tests.executor.tp_helpers import run_ranks, single
 
 
 def _scenario(tp, path):
-    from executor_svc.parallel.runner import serve_plans
+    from executor_svc.parallel.ranks import serve_plans
     from executor_svc.startup.build import build_runner
     from tests.integration.test_spec_decode import SPEC, generate, prompts_for
 

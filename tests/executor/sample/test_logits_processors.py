@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from executor_svc.sample.graphs import SamplerGraphs
+from executor_svc.sample.sampler import Sampler
 from executor_svc.worker.model_runner import ModelRunner
 from kernels.reference import gumbel_sample_reference
 from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
@@ -34,13 +35,14 @@ class EagerSamplerGraphs(SamplerGraphs):
 def graph_runner(path) -> ModelRunner:
     """A CPU runner whose decode and sampler 'graphs' run eagerly over the static buffers."""
     base = make_runner(path)
-    graphs = EagerGraphs(base.model, base.buffers, base.kv_caches, base.batch.last_sampled_gpu,
-                         (1, 2, 4, 8), base.limits.max_model_len)
-    sampler = EagerSamplerGraphs(graphs.logits, base.batch.last_sampled_gpu, base.buffers,
-                                 base.batch.sampling.tables, graphs.sizes, base.info().max_logprobs, None)
+    last = base.sampler.last_tokens
+    graphs = EagerGraphs(base.model, base.buffers, base.kv_caches, last, (1, 2, 4, 8), base.limits.max_model_len)
+    rows, inputs = base.sampler.rows, base.sampler.inputs
+    sampler_graphs = EagerSamplerGraphs(graphs.logits, last, inputs, rows.tables, graphs.sizes,
+                                        base.info().max_logprobs, None)
     info = dataclasses.replace(base.info(), cuda_graph_sizes=tuple(graphs.sizes))
-    return ModelRunner(base.model, base.kv_caches, base.batch, base.buffers, base.limits, info,
-                       graphs, sampler)
+    return ModelRunner(base.model, base.kv_caches, base.batch, base.buffers,
+                       Sampler(rows, inputs, last, sampler_graphs), base.limits, info, graphs)
 
 
 def reference_processed(logits: torch.Tensor, s: SamplerParams, prompt: list[int],

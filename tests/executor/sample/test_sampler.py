@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from executor_svc.sample.sampler import SamplingTensors, sample, uniform_noise
+from executor_svc.sample.ops import SamplingTensors, sample, uniform_noise
 
 N, V = 6, 50
 
@@ -85,7 +85,7 @@ def test_temperature_sampling_matches_softmax():
 
 def _previous_sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """sample() as it was before kernels.gumbel_sample (one torch expression), verbatim."""
-    from executor_svc.sample.sampler import apply_top_k_top_p
+    from executor_svc.sample.ops import apply_top_k_top_p
 
     greedy = logits.argmax(dim=-1)
     if params.all_greedy:

@@ -8,13 +8,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from executor_svc.sample.sampler import apply_top_k_top_p
-from executor_svc.spec_decode.verify import rejection_sample
+from executor_svc.sample.ops import SamplingTensors, apply_top_k_top_p
+from executor_svc.spec_decode import verify
 from executor_svc.worker.plan_checks import PlanError
 from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import cached_rows, make_runner
 
 V = 6
+
+
+def rejection_sample(logits, drafts, temperature, top_k, top_p, seeds, positions):
+    """verify.rejection_sample over per-position columns, on its general path (top-k / top-p cut)."""
+    params = SamplingTensors(temperature, top_k, top_p, seeds, positions, all_greedy=False, need_top_k_top_p=True)
+    return verify.rejection_sample(logits, drafts, params)
+
 # chi-square quantile at p = 0.999 for V - 1 = 5 degrees of freedom (fewer when some p = 0)
 CHI2_999 = {5: 20.52, 4: 18.47, 3: 16.27, 2: 13.82, 1: 10.83}
 

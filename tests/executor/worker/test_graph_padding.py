@@ -29,10 +29,11 @@ class EagerGraphs(GraphRunner):
 def runner_with_eager_graphs(path, sizes, mixed_sizes=()) -> ModelRunner:
     """A CPU runner (built as usual) whose graph runner is an EagerGraphs over its own parts."""
     base = make_runner(path)
-    graphs = EagerGraphs(base.model, base.buffers, base.kv_caches, base.batch.last_sampled_gpu, sizes,
+    graphs = EagerGraphs(base.model, base.buffers, base.kv_caches, base.sampler.last_tokens, sizes,
                          base.limits.max_model_len, mixed_sizes)
     info = dataclasses.replace(base.info(), cuda_graph_sizes=tuple(graphs.sizes))
-    return ModelRunner(base.model, base.kv_caches, base.batch, base.buffers, base.limits, info, graphs)
+    return ModelRunner(base.model, base.kv_caches, base.batch, base.buffers, base.sampler, base.limits, info,
+                       graphs)
 
 
 @pytest.mark.parametrize("pipelined", [False, True])

@@ -105,13 +105,13 @@ def runner(model_dirs):
 
 def _state(runner) -> dict:
     b = runner.batch
-    arrays = {name: getattr(b, name).copy() for name in
-              ("block_table", "num_blocks", "num_computed", "num_known", "temperature", "top_k", "top_p", "seed")}
-    arrays.update({f"sampling.{name}": getattr(b.sampling, name).copy() for name in
-                   ("min_p", "presence", "frequency", "repetition", "min_pos", "logprobs", "prompt_logprobs")})
+    arrays = {name: getattr(b, name).copy() for name in ("block_table", "num_blocks", "num_computed", "num_known")}
+    arrays.update({f"sampling.{name}": getattr(runner.sampler.rows, name).copy() for name in
+                   ("temperature", "top_k", "top_p", "seed", "min_p", "presence", "frequency", "repetition",
+                    "min_pos", "logprobs", "prompt_logprobs")})
     rows = {r: (s.row, s.token_ids.tolist()) for r, s in b.requests.items()}
     kv = [t.clone() for cache in runner.kv_caches for t in cache]  # k, v and the scales
-    return dict(arrays=arrays, rows=rows, free=list(b.free_rows), last=b.last_sampled_gpu.clone(), kv=kv)
+    return dict(arrays=arrays, rows=rows, free=list(b.free_rows), last=runner.sampler.last_tokens.clone(), kv=kv)
 
 
 def _assert_same(before: dict, after: dict) -> None:

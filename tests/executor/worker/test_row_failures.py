@@ -59,14 +59,14 @@ def test_a_refused_new_row_in_a_busy_batch_fails_alone(runner, ahead):
 def test_a_row_whose_setup_raises_fails_alone(runner, monkeypatch):
     reference = _tokens(_busy(runner))
     free_rows = len(runner.batch.free_rows)
-    sampling_add = runner.batch.sampling.add
+    sampling_add = runner.sampler.add_request
 
     def add(row, new):  # request 16's sampling state cannot be set up (after its row was taken)
         if new.req_id == 16:
             raise RuntimeError("device out of memory")
         return sampling_add(row, new)
 
-    monkeypatch.setattr(runner.batch.sampling, "add", add)
+    monkeypatch.setattr(runner.sampler, "add_request", add)
     good_params = SamplerParams(temperature=0.5, seed=9, presence_penalty=0.5)
     bad = NewRequestData(16, PROMPT_B, good_params, [20], 0, len(PROMPT_B))
     results = _busy(runner, [bad], ahead=True)

@@ -1,4 +1,5 @@
-"""prepare_step (vectorized over rows) equals a straightforward per-request construction."""
+"""prepare_step and the Sampler's prepare (vectorized over rows) equal a straightforward
+per-request construction."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import numpy as np
 import pytest
 import torch
 
+from executor_svc.sample.inputs import SampleInputs
 from executor_svc.sample.rows import SamplingRows
+from executor_svc.sample.sampler import Sampler
+from executor_svc.worker.host_device import TwinGroup
 from executor_svc.worker.input_batch import InputBatch
-from executor_svc.worker.step_buffers import StepBuffers, TwinGroup
+from executor_svc.worker.step_buffers import StepBuffers
 from executor_svc.worker.step_inputs import Scheduled, StepLimits, prepare_step
 from step_protocol.domain import NewRequestData, SamplerParams
 
@@ -17,7 +21,7 @@ LIMITS = StepLimits(block_size=BS, max_model_len=60, max_num_seqs=SEQS, max_num_
 CPU = torch.device("cpu")
 
 
-def reference(batch: InputBatch, rows, counts) -> dict:
+def reference(batch: InputBatch, sampling: SamplingRows, rows, counts) -> dict:
     """The per-request loop: every buffer prefix a step writes, and the step facts."""
     ids, use_last, src, pos_all, slots = [], [], [], [], []
     seq_lens, qsl, tables, samp = [], [0], [], []
@@ -36,8 +40,8 @@ def reference(batch: InputBatch, rows, counts) -> dict:
         seq_lens.append(end)
         qsl.append(qsl[-1] + n)
         if end >= num_known:
-            samp.append((qsl[-1] - 1, row, batch.temperature[row], batch.top_k[row], batch.top_p[row],
-                         batch.seed[row], end))
+            samp.append((qsl[-1] - 1, row, sampling.temperature[row], sampling.top_k[row], sampling.top_p[row],
+                         sampling.seed[row], end))
     cols = list(zip(*samp)) if samp else [[]] * 7
     return dict(input_ids=ids, use_last=use_last, src_rows=src, positions=pos_all, slot_mapping=slots,
                 seq_lens=seq_lens, query_start_loc=qsl, block_tables=np.array(tables),
@@ -45,16 +49,19 @@ def reference(batch: InputBatch, rows, counts) -> dict:
                 top_p=cols[4], seeds=cols[5], sample_positions=cols[6])
 
 
-def random_batch(rng, num_reqs: int) -> InputBatch:
-    batch = InputBatch(SEQS, MAX_BLOCKS, CPU, SamplingRows(SEQS, 1000, 4, 4, CPU))
+def random_batch(rng, num_reqs: int) -> tuple[InputBatch, Sampler]:
+    batch = InputBatch(SEQS, MAX_BLOCKS)
+    sampler = Sampler(SamplingRows(SEQS, 1000, 4, 4, CPU), SampleInputs(SEQS, CPU),
+                      torch.zeros(SEQS + 1, dtype=torch.int64))
     for req_id in rng.permutation(100)[:num_reqs].tolist():
         num_known = int(rng.integers(3, 50))
         computed = int(rng.integers(0, num_known + 1))
         blocks = rng.permutation(np.arange(1, 200))[: -(-(num_known + 3) // BS)].tolist()
         params = SamplerParams(temperature=float(rng.choice([0.0, 0.8])), top_k=int(rng.choice([0, 5])),
                                 top_p=float(rng.choice([1.0, 0.9])), seed=int(rng.integers(0, 1 << 40)))
-        batch.add(NewRequestData(req_id, rng.integers(2, 1000, num_known).tolist(), params, blocks, computed, 0))
-    return batch
+        new = NewRequestData(req_id, rng.integers(2, 1000, num_known).tolist(), params, blocks, computed, 0)
+        sampler.add_request(batch.add(new).row, new)
+    return batch, sampler
 
 
 def random_step(rng, batch: InputBatch, all_decode: bool):
@@ -71,7 +78,7 @@ def random_step(rng, batch: InputBatch, all_decode: bool):
 @pytest.mark.parametrize("seed", range(12))
 def test_prepare_step_equals_per_request_loop(seed):
     rng = np.random.default_rng(seed)
-    batch = random_batch(rng, int(rng.integers(1, SEQS + 1)))
+    batch, sampler = random_batch(rng, int(rng.integers(1, SEQS + 1)))
     if seed % 3 == 0:  # pure decode: the fast path
         batch.num_computed[:] = batch.num_known
     buf = StepBuffers(SEQS, TOKENS, MAX_BLOCKS, CPU)
@@ -79,35 +86,41 @@ def test_prepare_step_equals_per_request_loop(seed):
         rows, counts = random_step(rng, batch, all_decode=seed % 3 == 0)
         if not rows:
             break
-        want = reference(batch, rows, counts)
+        want = reference(batch, sampler.rows, rows, counts)
         before = batch.num_computed.copy()
         got = prepare_step(batch, buf, Scheduled(np.array(rows), np.array(counts)), LIMITS)
+        sampling = sampler.prepare(got.sample_rows, got.sample_positions, 0)
         t, b, ns = sum(counts), len(rows), len(want["sample_rows"])
-        assert (got.num_reqs, got.num_tokens, got.num_sample) == (b, t, ns)
+        assert (got.num_reqs, got.num_tokens, got.num_sample, sampling.num_sample) == (b, t, ns, ns)
         assert got.is_decode == (t == b)
         assert got.sample_rows.tolist() == list(want["sample_rows"])
         assert (got.max_query_len, got.max_seq_len) == (max(counts), max(want["seq_lens"]))
         temps, cut = np.array(want["temperature"]), (np.array(want["top_k"]) > 0) | (np.array(want["top_p"]) < 1)
-        assert got.all_greedy == bool((temps == 0).all())
-        assert got.need_top_k_top_p == bool((cut & (temps > 0)).any())
+        assert sampling.all_greedy == bool((temps == 0).all())
+        assert sampling.need_top_k_top_p == bool((cut & (temps > 0)).any())
         size = {"input_ids": t, "use_last": t, "src_rows": t, "positions": t, "slot_mapping": t,
                 "seq_lens": b, "query_start_loc": b + 1, "block_tables": b}
+        inputs = sampler.inputs  # the sampler's columns (sample/inputs.py), by their names there
+        columns = {"sample_rows": inputs.rows, "sample_positions": inputs.positions, "temperature": inputs.temperature,
+                   "top_k": inputs.top_k, "top_p": inputs.top_p, "seeds": inputs.seeds}
         for name, value in want.items():
-            np.testing.assert_array_equal(getattr(buf, name).np[:size.get(name, ns)], np.array(value), err_msg=name)
+            twin = columns.get(name) or getattr(buf, name)
+            np.testing.assert_array_equal(twin.np[:size.get(name, ns)], np.array(value), err_msg=name)
         before[rows] += counts
         np.testing.assert_array_equal(batch.num_computed, before)
 
 
 def test_small_group_members_are_views_of_one_buffer():
-    buf = StepBuffers(SEQS, TOKENS, MAX_BLOCKS, CPU)
-    assert buf.top_p.np[:SEQS].tolist() == [1.0] * SEQS and not buf.seeds.np.any()
-    buf.seeds.np[3] = 7
-    base = buf.small.cpu.data_ptr()
-    assert buf.small.twins == [buf.seq_lens, buf.query_start_loc, buf.logits_indices, buf.sample_rows,
-                               buf.temperature, buf.top_k, buf.top_p, buf.seeds, buf.sample_positions,
-                               buf.min_p, buf.presence, buf.frequency, buf.repetition, buf.min_pos]
-    for twin in buf.small.twins:
-        assert base <= twin.cpu.data_ptr() < base + buf.small.cpu.numel() and twin.gpu is twin.cpu
-        assert (twin.cpu.data_ptr() - base) % TwinGroup.ALIGN == 0
-    assert buf.seeds.cpu[3].item() == 7
-
+    buf, inputs = StepBuffers(SEQS, TOKENS, MAX_BLOCKS, CPU), SampleInputs(SEQS, CPU)
+    assert inputs.top_p.np[:SEQS].tolist() == [1.0] * SEQS and not inputs.seeds.np.any()
+    inputs.seeds.np[3] = 7
+    assert buf.small.twins == [buf.seq_lens, buf.query_start_loc, buf.logits_indices]
+    assert inputs.group.twins == [inputs.rows, inputs.positions, inputs.temperature, inputs.top_k, inputs.top_p,
+                                  inputs.seeds, inputs.min_p, inputs.presence, inputs.frequency, inputs.repetition,
+                                  inputs.min_pos]
+    for group in (buf.small, inputs.group):
+        base = group.cpu.data_ptr()
+        for twin in group.twins:
+            assert base <= twin.cpu.data_ptr() < base + group.cpu.numel() and twin.gpu is twin.cpu
+            assert (twin.cpu.data_ptr() - base) % TwinGroup.ALIGN == 0
+    assert inputs.seeds.cpu[3].item() == 7

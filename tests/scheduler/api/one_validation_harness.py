@@ -60,12 +60,12 @@ class CheckingEngine:
         wire = xpb.StepPlan.FromString(codec.plan_to_pb(plan).SerializeToString())
         decoded = codec.plan_from_pb(wire)
         max_blocks = info.max_model_len // info.block_size
-        batch = InputBatch(info.max_num_seqs, max_blocks, torch.device("cpu"),
-                           SamplingRows(info.max_num_seqs, info.vocab_size, info.max_logit_bias,
-                                        info.max_min_tokens_stop_ids, torch.device("cpu")))
-        checked = check_plan(decoded, batch, info)
+        batch = InputBatch(info.max_num_seqs, max_blocks)
+        sampling = SamplingRows(info.max_num_seqs, info.vocab_size, info.max_logit_bias,
+                                info.max_min_tokens_stop_ids, torch.device("cpu"))
+        checked = check_plan(decoded, batch, sampling, info)
         refused = getattr(checked, "refused", None)  # rows the executor would fail alone
         assert not refused, f"the executor refuses rows of an admitted request: {refused}"
         assert len(decoded.new_requests) == params.n, "every sample is scheduled in one plan"
         for new in decoded.new_requests:
-            batch.add(new)
+            sampling.add(batch.add(new).row, new)
