@@ -40,7 +40,8 @@ EXECUTOR_FLAGS = [("--model", "--model"), ("--served-model-name", "--model-name"
 SCHEDULER_FLAGS = [("--ssl-keyfile", "--ssl-keyfile"), ("--ssl-certfile", "--ssl-certfile"),
                    ("--ssl-ca-certs", "--ssl-ca-certs"), ("--enable-prefix-caching", "--enable-prefix-caching"),
                    ("--speculative-config", "--speculative-config"),
-                   ("--disable-log-requests", "--disable-log-requests")]
+                   ("--disable-log-requests", "--disable-log-requests"),
+                   ("--enable-tokenizer-info-endpoint", "--enable-tokenizer-info-endpoint")]
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -102,6 +103,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
         "to the executor, which runs it); '' = off")
     add(a, "--disable-log-requests", False, "no access-log line per request (failures are still "
         "logged, with the error id their client got)", action="store_true")
+    add(a, "--enable-tokenizer-info-endpoint", False, "serve GET /tokenizer_info on the HTTP API "
+        "(the tokenizer's configuration and chat template, for clients such as lm-eval)",
+        action="store_true")
     add(a, "--scheduler-args", "", "more scheduler flags, e.g. '--max-waiting 512' (llmserve-scheduler --help)")
     return p
 

@@ -69,6 +69,9 @@ class SchedulerConfig:
     # OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, ...) on --host, in
     # the same process and on the same engine as the gRPC API; 0 = off.
     http_port: int = 0
+    # GET /tokenizer_info on the HTTP API (vLLM's flag: it shows the chat template and the
+    # tokenizer's configuration); off = 404.
+    enable_tokenizer_info_endpoint: bool = False
     # Public API limits, checked before any work (docs/hardening.md, "API limits"): UTF-8 bytes
     # of a text prompt or of all chat messages' roles and contents, chat messages per request,
     # stop strings per request and their total bytes, stop token ids per request. The public
@@ -172,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=_env("METRICS_PORT", d.metrics_port))
     p.add_argument("--http-port", type=int, default=_env("HTTP_PORT", d.http_port),
                    help="serve the OpenAI-compatible HTTP API on this port too (0 = off)")
+    p.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   default=_env("ENABLE_TOKENIZER_INFO_ENDPOINT", d.enable_tokenizer_info_endpoint),
+                   help="serve GET /tokenizer_info on the HTTP API (vLLM's: the tokenizer's "
+                        "configuration and chat template, for clients such as lm-eval)")
     _add_api_boundary_flags(p, d)
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
     p.add_argument("--log-stats-interval", type=float,

@@ -24,7 +24,7 @@ class Tokenizer:
     """
 
     def __init__(self, folder: str | Path):
-        folder = Path(folder)
+        self.folder = folder = Path(folder)
         self.hf = HFTokenizer.from_file(str(folder / "tokenizer.json"))
         config = _read_json(folder / "tokenizer_config.json")
         self.special_tokens = {name: _token_text(config.get(name)) for name in

@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from scheduler_svc.api import access_log, memory
-from scheduler_svc.api.http import errors, generate, metrics_route
+from scheduler_svc.api.http import errors, generate, metrics_route, tokenizer_info
 from scheduler_svc.api.http.context import HttpContext, parse
 from scheduler_svc.api.http.schemas import DetokenizeRequest, TokenizeRequest
 from scheduler_svc.api.validation import check_detokenize_ids, check_prompt_size, invalid
@@ -167,6 +167,8 @@ def build_app(ctx: HttpContext, max_body_bytes: int) -> access_log.HttpAccessLog
         return {"prompt": await ctx.admission.pool.decode(token_ids, body.skip_special_tokens)}
 
     generate.add_routes(app, ctx)
+    if ctx.enable_tokenizer_info_endpoint:
+        tokenizer_info.add_route(app, ctx.tokenizer)
     # the access log outermost: the guard's refusals (401, 413) get their line too
     return access_log.HttpAccessLog(Guard(app, max_body_bytes, ctx.api_key))
 

@@ -25,6 +25,7 @@ class HttpContext:
     model_name: str
     api_key: str = ""
     metrics: object = None  # api.metrics.Metrics (render() -> Prometheus text)
+    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (tokenizer_info.py)
 
     @property
     def engine(self) -> EngineClient:

@@ -1,7 +1,8 @@
 """POST /v1/completions and /v1/chat/completions: admitted like gRPC requests, then streamed as
 server-sent events or collected into one response. Leaving the engine's iterator aborts the
 request (its KV blocks are freed): a stream is cancelled when its client goes; a collecting
-request watches request.is_disconnected()."""
+request watches request.is_disconnected(). Several completions prompts are merged into one
+stream (fanout.py); echo and prompt logprobs are echo.py's."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from scheduler_svc.api import access_log
 from scheduler_svc.api.http import errors
 from scheduler_svc.api.http.context import HttpContext, parse
+from scheduler_svc.api.http.echo import Echo, completion_logprobs, vllm_prompt_logprobs
+from scheduler_svc.api.http.fanout import admit_prompts, merged
 from scheduler_svc.api.http.schemas import ChatCompletionRequest, CompletionRequest
+from scheduler_svc.api.prompts import TextPrompt
 from scheduler_svc.core.request import FinishReason
 from scheduler_svc.messages import RequestError
 
@@ -41,13 +45,16 @@ async def _generate(ctx: HttpContext, request: Request, body, chat: bool) -> Res
     record.request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     ctx.check_model(body.model)
     try:
-        prompt, raw = body.to_prompt(), body.to_raw()
-        prompt_ids, params = await ctx.admission.admit(prompt, raw, "")
+        prompts = [body.to_prompt()] if chat else body.to_prompts()
+        admitted = await admit_prompts(ctx.admission, prompts, body.to_raw())
     except RequestError as e:
         e.param = body.client_param(e.param)  # as the client spelled it
         raise
-    record.admitted(record.request_id, len(prompt_ids))
-    job = _Job(ctx, body, chat, prompt_ids, params, record)
+    record.admitted(record.request_id, sum(len(ids) for ids, _ in admitted))
+    texts = None if chat or not body.echo else [  # what echo puts ahead of each choice
+        p.text if isinstance(p, TextPrompt) else await ctx.admission.pool.decode(ids, False)
+        for p, (ids, _) in zip(prompts, admitted)]
+    job = _Job(ctx, body, chat, admitted, record, texts)
     if body.stream:
         record.unfinished = True  # until the engine's iterator ends: else the client left
         return StreamingResponse(job.events(), media_type="text/event-stream",
@@ -69,10 +76,12 @@ async def _generate(ctx: HttpContext, request: Request, body, chat: bool) -> Res
 class _Job:
     """One admitted request and its responses in OpenAI's shapes."""
 
-    def __init__(self, ctx: HttpContext, body, chat: bool, prompt_ids: list[int], params,
-                 record: access_log.Record):
-        self.ctx, self.body, self.chat = ctx, body, chat
-        self.prompt_ids, self.params, self.n = prompt_ids, params, params.n
+    def __init__(self, ctx: HttpContext, body, chat: bool, admitted: list, record: access_log.Record,
+                 texts: list[str] | None):
+        self.ctx, self.body, self.chat, self.admitted = ctx, body, chat, admitted
+        self.prompt_ids, params = admitted[0]
+        self.n = params.n * len(admitted)  # choices: prompt i's sample j is choice i * n + j
+        self.echo = Echo(body, [ids for ids, _ in admitted], texts, params.n)
         self.record, self.id = record, record.request_id
         self.created = int(time.time())
         self.offsets = [0] * self.n  # completions' text_offset, per choice
@@ -83,8 +92,9 @@ class _Job:
                 "model": self.ctx.model_name, "choices": choices}
 
     def _usage(self, num_completion: int) -> dict:
-        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": num_completion,
-                "total_tokens": len(self.prompt_ids) + num_completion}
+        num_prompt = sum(len(ids) for ids, _ in self.admitted)
+        return {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
+                "total_tokens": num_prompt + num_completion}
 
     def _choice(self, index: int, text: str, token_ids: list[int], entries, finish, stop,
                 delta: bool) -> dict:
@@ -103,16 +113,15 @@ class _Job:
         return choice
 
     def _completion_logprobs(self, index: int, entries) -> dict:
-        text = self.ctx.token_text
-        tokens, token_logprobs, top, offsets = [], [], [], []
-        for token_id, logprob, _rank, top_ids, top_lps in entries:
-            tokens.append(text(token_id))
-            token_logprobs.append(logprob)
-            top.append({text(t): lp for t, lp in zip(top_ids, top_lps)})
-            offsets.append(self.offsets[index])
-            self.offsets[index] += len(tokens[-1])
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
-                "text_offset": offsets}
+        logprobs, self.offsets[index] = completion_logprobs(
+            self.ctx.token_text, entries, self.body.logprobs or 0, self.offsets[index])
+        return logprobs
+
+    def _prompt_logprobs(self, index: int) -> list | None:
+        """vLLM's prompt_logprobs of choice `index`'s prompt (prompt_logprobs, or echo's k)."""
+        k = self.body.prompt_logprobs
+        k = self.body.logprobs if k is None and self.echo.echo else k
+        return vllm_prompt_logprobs(self.ctx.token_text, self.echo.columns[index // self.echo.n], k or 0)
 
     def _chat_logprobs(self, entries) -> dict:
         text = self.ctx.token_text
@@ -133,22 +142,44 @@ class _Job:
         texts: list[list[str]] = [[] for _ in range(n)]
         entries: list[list | None] = [None] * n
         last = [None] * n
-        async with aclosing(self.ctx.engine.generate(self.prompt_ids, self.params)) as outs:
+
+        def add(out) -> None:
+            i = out.index
+            ids[i] += out.new_token_ids
+            texts[i].append(out.new_text)
+            if out.logprobs is not None:
+                entries[i] = (entries[i] or []) + list(out.logprobs)
+            last[i] = out
+
+        async with aclosing(merged(self.ctx.engine, self.admitted)) as outs:
             async for out in outs:
-                i = out.index
                 self.record.add_output(len(out.new_token_ids))
-                ids[i] += out.new_token_ids
-                texts[i].append(out.new_text)
-                if out.logprobs is not None:
-                    entries[i] = (entries[i] or []) + list(out.logprobs)
-                last[i] = out
+                for ready in self.echo.ready(out):
+                    add(ready)
+        for ready in self.echo.rest():
+            add(ready)
         choices = [self._choice(i, "".join(texts[i]), ids[i], entries[i], last[i].finish_reason,
                                 last[i].matched_stop, delta=False) for i in range(n)]
         answer = self._envelope(choices, chunk=False)
         answer["usage"] = self._usage(sum(out.num_output_tokens for out in last))
-        if self.body.return_token_ids:
-            answer["prompt_token_ids"] = self.prompt_ids
+        self._add_prompt_fields(answer)
         return answer
+
+    def _add_prompt_fields(self, answer: dict) -> None:
+        """prompt_logprobs when asked (or echoed) and prompt_token_ids with return_token_ids:
+        on each choice of a completion (vLLM's place), top level on chat."""
+        lp = self.body.prompt_logprobs is not None or self.echo.logprobs is not None
+        if self.chat:
+            if lp:
+                answer["prompt_logprobs"] = self._prompt_logprobs(0)
+        else:
+            for choice in answer["choices"]:
+                if lp:
+                    choice["prompt_logprobs"] = self._prompt_logprobs(choice["index"])
+                if self.body.return_token_ids:
+                    choice["prompt_token_ids"] = self.admitted[choice["index"] // self.echo.n][0]
+        if self.body.return_token_ids and len(self.admitted) == 1:
+            answer["prompt_token_ids"] = self.prompt_ids
 
     def _event(self, choices: list, usage=False, usage_value=None) -> str:
         chunk = self._envelope(choices, chunk=True)
@@ -156,13 +187,17 @@ class _Job:
             chunk["usage"] = usage_value
         return f"data: {json.dumps(chunk)}\n\n"
 
+    def _delta(self, out, include_usage: bool) -> str:
+        return self._event([self._choice(out.index, out.new_text, out.new_token_ids, out.logprobs,
+                                         out.finish_reason, out.matched_stop, delta=True)], include_usage)
+
     async def events(self):
         """Server-sent events: a chunk per engine output, the usage chunk when asked, [DONE].
         Cancelled when the client goes: leaving the iterator aborts the request."""
         include_usage = self.body.include_usage
         num_completion, record = 0, self.record
         try:
-            async with aclosing(self.ctx.engine.generate(self.prompt_ids, self.params)) as outs:
+            async with aclosing(merged(self.ctx.engine, self.admitted)) as outs:
                 if self.chat:  # the role comes first, as OpenAI sends it
                     for i in range(self.n):
                         yield self._event([{"index": i, "delta": {"role": "assistant", "content": ""},
@@ -170,11 +205,12 @@ class _Job:
                                           include_usage)
                 async for out in outs:
                     record.add_output(len(out.new_token_ids))
-                    choice = self._choice(out.index, out.new_text, out.new_token_ids, out.logprobs,
-                                          out.finish_reason, out.matched_stop, delta=True)
-                    if out.finish_reason is not None:
-                        num_completion += out.num_output_tokens
-                    yield self._event([choice], include_usage)
+                    for ready in self.echo.ready(out):
+                        num_completion += ready.num_output_tokens if ready.finish_reason is not None else 0
+                        yield self._delta(ready, include_usage)
+            for ready in self.echo.rest():
+                num_completion += ready.num_output_tokens if ready.finish_reason is not None else 0
+                yield self._delta(ready, include_usage)
             record.unfinished = False
             if include_usage:
                 yield self._event([], True, self._usage(num_completion))

@@ -24,7 +24,6 @@ UNSUPPORTED = {
     "guided_decoding_backend": "structured outputs", "guided_whitespace_pattern": "structured outputs",
     "tools": "tool calling", "tool_choice": "tool calling", "functions": "tool calling",
     "function_call": "tool calling", "tool_calls": "tool calling", "tool_call_id": "tool calling",
-    "prompt_logprobs": "prompt logprobs over HTTP (the gRPC API has them)",
     "audio": "audio", "modalities": "audio", "reasoning_effort": "reasoning models",
     "web_search_options": "web search", "prediction": "predicted outputs",
     "skip_special_tokens": "special-token handling", "spaces_between_special_tokens": "special-token handling",
@@ -96,9 +95,12 @@ class _Sampling(_Ignored):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False  # each choice also carries its token ids ("token_ids")
+    prompt_logprobs: int | None = None  # each prompt token's logprob and this many alternatives
 
     def raw_params(self, max_tokens: int | None, logprobs: bool, top_logprobs: int,
-                   default_max_tokens: int | None = None) -> RawParams:
+                   default_max_tokens: int | None = None, prompt_logprobs: int | None = None) -> RawParams:
+        if self.prompt_logprobs is not None and self.stream:  # (as vLLM refuses them)
+            raise invalid("prompt_logprobs are not available with stream=true", "prompt_logprobs")
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         try:
             bias = {int(k): v for k, v in (self.logit_bias or {}).items()}
@@ -110,7 +112,7 @@ class _Sampling(_Ignored):
             top_k=0 if top_k == -1 else top_k,  # vLLM's -1 = off, ours 0
             top_p=self.top_p, seed=self.seed, stop=stop, stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos, include_stop_str_in_output=self.include_stop_str_in_output,
-            n=self.n, logprobs=logprobs, top_logprobs=top_logprobs,
+            n=self.n, logprobs=logprobs, top_logprobs=top_logprobs, prompt_logprobs=prompt_logprobs,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=self.repetition_penalty, min_p=self.min_p or 0.0,
@@ -133,20 +135,20 @@ class CompletionRequest(_Sampling):
     best_of: int | None = None
     suffix: str | None = None
 
-    def to_prompt(self):
+    def to_prompts(self) -> list:
+        """One prompt, or each of a list of strings or of token-id lists (fanout.py)."""
         p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            if len(p) != 1:
-                raise invalid(f"prompt has {len(p)} prompts; this server completes one prompt "
-                              "per request", "prompt")
-            p = p[0]
-        if isinstance(p, str):
-            return TextPrompt(p)
-        return TokenIdsPrompt(p)
+        many = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
+        return [TextPrompt(x) if isinstance(x, str) else TokenIdsPrompt(x) for x in many]
 
     def to_raw(self) -> RawParams:
-        if self.echo:
-            raise invalid("echo is not supported yet (it needs prompt logprobs over HTTP)", "echo")
+        max_tokens, prompt_logprobs = self.max_tokens, self.prompt_logprobs
+        if self.echo and max_tokens == 0:  # the prompt alone (echo.py): one token runs, unsent
+            if self.min_tokens:
+                raise invalid(f"min_tokens={self.min_tokens} exceeds max_tokens=0", "min_tokens")
+            max_tokens = 1
+        if self.echo and prompt_logprobs is None:  # echo's logprobs are the prompt's (vLLM's rule)
+            prompt_logprobs = self.logprobs
         if self.suffix:
             raise invalid("suffix is not supported (no fill-in-the-middle)", "suffix")
         if self.best_of is not None and self.best_of != (self.n or 1):
@@ -154,8 +156,8 @@ class CompletionRequest(_Sampling):
         if self.logprobs is not None and self.logprobs < 0:
             raise invalid(f"logprobs={self.logprobs} must be >= 0", "logprobs")
         # OpenAI's and vLLM's completions generate 16 tokens when max_tokens is unset
-        return self.raw_params(self.max_tokens, self.logprobs is not None, self.logprobs or 0,
-                               default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+        return self.raw_params(max_tokens, self.logprobs is not None, self.logprobs or 0,
+                               COMPLETIONS_DEFAULT_MAX_TOKENS, prompt_logprobs)
 
     def client_param(self, param: str | None) -> str | None:
         return "logprobs" if param == "top_logprobs" else param
@@ -203,7 +205,8 @@ class ChatCompletionRequest(_Sampling):
     def to_raw(self) -> RawParams:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens
-        return self.raw_params(max_tokens, self.logprobs, self.top_logprobs or 0)
+        return self.raw_params(max_tokens, self.logprobs, self.top_logprobs or 0,
+                               prompt_logprobs=self.prompt_logprobs)
 
     def client_param(self, param: str | None) -> str | None:
         if param == "max_tokens" and self.max_completion_tokens is not None:

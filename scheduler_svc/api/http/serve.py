@@ -69,7 +69,8 @@ async def start_http(config: SchedulerConfig, engine: EngineClient, pool: Tokeni
     `metrics` (api.metrics.Metrics) answers GET /metrics."""
     sizes = SizeLimits.from_config(config)
     admission = Admission(engine, pool, sizes, config.max_waiting, config.enable_prefix_caching)
-    ctx = HttpContext(admission, tokenizer, engine.info.model_name, config.api_key, metrics)
+    ctx = HttpContext(admission, tokenizer, engine.info.model_name, config.api_key, metrics,
+                      config.enable_tokenizer_info_endpoint)
     max_body = JSON_EXPANSION * max_request_bytes(sizes, engine.info.max_model_len,
                                                   engine.info.max_logit_bias)
     tls = {}

@@ -1,5 +1,5 @@
 """The cluster of the OpenAI-compatible HTTP tests: both real services on a tiny random model,
-with an API key; one for the package (test_openai_http.py and test_openai_door.py share it)."""
+with an API key and /tokenizer_info; one for the package (every test file here shares it)."""
 
 import pytest
 
@@ -11,10 +11,14 @@ AUTH = (("authorization", f"Bearer {API_KEY}"),)
 
 
 @pytest.fixture(scope="package")
-def cluster(tmp_path_factory):
-    model = build_random_model(tmp_path_factory.mktemp("http-model") / "llama", "tiny-llama", seed=0)
-    c = Cluster(model, tmp_path_factory.mktemp("logs-http"), ["--device", "cpu"], ["--api-key", API_KEY],
-                http=True)
+def model_folder(tmp_path_factory):
+    return build_random_model(tmp_path_factory.mktemp("http-model") / "llama", "tiny-llama", seed=0)
+
+
+@pytest.fixture(scope="package")
+def cluster(model_folder, tmp_path_factory):
+    c = Cluster(model_folder, tmp_path_factory.mktemp("logs-http"), ["--device", "cpu"],
+                ["--api-key", API_KEY, "--enable-tokenizer-info-endpoint"], http=True)
     yield c
     c.stop()
 

@@ -83,7 +83,9 @@ def test_completions_n2_with_logprobs(client, model_name):
     assert sorted(c.index for c in r.choices) == [0, 1]
     for c in r.choices:
         assert c.finish_reason == "length" and len(c.logprobs.tokens) == 4
-        assert all(len(top) <= 3 for top in c.logprobs.top_logprobs)
+        # the 3 most likely and the sampled token itself (OpenAI's logprobs + 1, as vLLM sends)
+        assert all(len(top) <= 4 and top[t] == lp for top, t, lp in
+                   zip(c.logprobs.top_logprobs, c.logprobs.tokens, c.logprobs.token_logprobs))
         assert all(lp <= 0 for lp in c.logprobs.token_logprobs)
     assert r.usage.completion_tokens == 8
 

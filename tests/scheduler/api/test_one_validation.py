@@ -53,13 +53,14 @@ SAMPLING_FIELDS = {
     "stop_token_ids": either(st.lists(ints, max_size=5)),
     "logit_bias": either(st.dictionaries(st.one_of(ints.map(str), st.text(max_size=3)), numbers, max_size=4)),
     "ignore_eos": either(st.booleans()), "include_stop_str_in_output": either(st.booleans()),
-    "user": either(st.text(max_size=5)),
+    "user": either(st.text(max_size=5)), "prompt_logprobs": either(st.one_of(st.integers(-2, 25), ints)),
     # fields this server does not implement: refused by name
     "response_format": st.sampled_from([{"type": "json_object"}, {"type": "bogus"}, None]),
-    "tools": st.just([]), "guided_json": st.just({}), "prompt_logprobs": ints,
+    "tools": st.just([]), "guided_json": st.just({}),
 }
 COMPLETION_FIELDS = {**SAMPLING_FIELDS, "logprobs": either(ints), "echo": either(st.booleans()),
-                     "best_of": either(ints)}
+                     "best_of": either(ints), "prompt": either(st.lists(st.lists(st.integers(-2, 600),
+                                                                                 max_size=3), max_size=3))}
 CHAT_FIELDS = {**SAMPLING_FIELDS, "max_completion_tokens": either(ints), "logprobs": either(st.booleans()),
                "top_logprobs": either(ints)}
 
