@@ -44,7 +44,6 @@ class TensorParallelRanks:
         self._lock = threading.Lock()  # rank 0: a command and its step's collectives go together
         self._closed = False
         self.received: np.ndarray | None = None  # ranks 1..: [R, 2] (row, slots) rank 0 gave back
-        self.verifying = False  # the step being launched has verify rows (one broadcast, after verify)
 
     def guard(self) -> AbstractContextManager:
         return self._lock if self.decides else nullcontext()
@@ -70,7 +69,6 @@ class TensorParallelRanks:
                 self._send_plan(StepPlan(plan.step_id), given)
                 raise
             self._send_plan(admitted.plan, given)
-        self.verifying = admitted.scheduled.drafts is not None
         return admitted
 
     def _send_plan(self, plan: StepPlan, rollbacks: np.ndarray) -> None:

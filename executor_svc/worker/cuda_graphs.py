@@ -55,7 +55,7 @@ class GraphRunner:
     and the mixed graph of each token count in `mixed_sizes`.
 
     model, buffers and kv_caches are the ones eager steps use; last_sampled is
-    InputBatch.last_sampled_gpu ([max_num_seqs + 1] int64 device), read by the graphs as the
+    the Sampler's last_tokens ([max_num_seqs + 1] int64 device), read by the graphs as the
     decode input; max_model_len is the host bound of seq_lens that every replay runs with.
     """
 

@@ -6,7 +6,8 @@ Tokens of a request in this step, positions start..end:
     |-- known (sent by the scheduler) --|-- last sampled (device) --|
     start                          num_known                       end
 The second region is at most one token (a decode row: n == 1, nothing known), whose input is
-gathered on the device from `last_sampled_gpu` (use_last), so decode rows copy no tokens.
+gathered on the device from the Sampler's last_tokens (use_last), so decode rows copy no tokens.
+A verify row's drafts are known inputs too (written by spec_decode/verify.py).
 """
 
 from __future__ import annotations
