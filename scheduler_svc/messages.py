@@ -45,7 +45,8 @@ class RequestError(Exception):
 @dataclass(frozen=True)
 class AddRequest:
     """A client request: its params.n samples get the ids req_id .. req_id + n - 1 (the API
-    process reserves them; core/samples.py makes the requests). The prompt crosses once."""
+    process reserves them; core/samples.py makes the requests). The prompt crosses once, and
+    with params its structured-output constraint (params.constraint), already validated."""
 
     req_id: int  # unique within the API process's lifetime
     prompt_token_ids: list[int]

@@ -10,6 +10,7 @@ import time
 from scheduler_svc.api.engine_client import EngineClient
 from scheduler_svc.api.prompts import Prompt, TokenIdsPrompt
 from scheduler_svc.api.request_params import RawParams, build_sampling_params
+from scheduler_svc.api.structured import GrammarCheck
 from scheduler_svc.api.tokenize_pool import TokenizePool
 from scheduler_svc.api.validation import (Limits, SizeLimits, check_prompt, check_prompt_len,
                                           check_prompt_size, check_request_size)
@@ -48,12 +49,13 @@ class Admission:
     """Checks, tokenizes and validates new requests for one engine."""
 
     def __init__(self, engine: EngineClient, tokenize_pool: TokenizePool, sizes: SizeLimits,
-                 max_waiting: int, prefix_caching: bool = True):
+                 max_waiting: int, prefix_caching: bool = True, grammars: GrammarCheck | None = None):
         self.engine = engine
         self.pool = tokenize_pool
         self.sizes = sizes
         self.max_waiting = max_waiting
         self.limits = limits_of(engine, prefix_caching)
+        self._grammars = grammars  # structured outputs; made at the first constraint if None
         self._num_refused_full, self._last_full_log = 0, 0.0  # refusals not yet logged
 
     async def admit(self, prompt: Prompt | None, raw: RawParams, request_id: str
@@ -64,7 +66,17 @@ class Admission:
         self.check_capacity(1 if raw.n is None else raw.n)
         prompt_ids = await self.prompt_ids(prompt)
         check_prompt(prompt_ids, self.limits)
-        return prompt_ids, build_sampling_params(raw, len(prompt_ids), self.limits)
+        params = build_sampling_params(raw, len(prompt_ids), self.limits)
+        if params.constraint is not None:  # compiled off the loop, last: the costliest check
+            await self.grammars.check(params.constraint)
+        return prompt_ids, params
+
+    @property
+    def grammars(self) -> GrammarCheck:
+        if self._grammars is None:
+            self._grammars = GrammarCheck(self.pool.tokenizer, self.limits.vocab_size,
+                                          self.limits.eos_token_ids)
+        return self._grammars
 
     def check_capacity(self, n: int) -> None:
         """At most max_num_seqs running plus --max-waiting waiting requests (each sample counts);

@@ -16,6 +16,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from llmserve.structured.constraint import Constraint
 from scheduler_svc.api.validation import Limits, invalid
 from scheduler_svc.core.kv_cache_manager import max_blocks_needed
 from scheduler_svc.core.request import SamplingParams
@@ -49,6 +50,8 @@ class RawParams:
     min_p: float = 0.0
     logit_bias: Mapping[int, float] = field(default_factory=dict)  # may be the wire's map
     min_tokens: int = 0
+    # structured outputs (each door builds it: llmserve.structured); compiled at admission
+    constraint: Constraint | None = None
     # max_tokens when unset: None = fill the context (gRPC, chat); OpenAI's completions use 16
     # (capped by the room the prompt leaves)
     default_max_tokens: int | None = None
@@ -100,6 +103,7 @@ def build_sampling_params(raw: RawParams, prompt_len: int, limits: Limits) -> Sa
     if raw.min_tokens > max_tokens:
         raise _refuse("min_tokens", f"={raw.min_tokens} exceeds max_tokens={max_tokens}")
     _check_min_tokens_ids(raw, limits)
+    _check_constraint(raw)
     # the field to change: max_tokens if the client set it, else n, else the prompt itself
     _check_blocks(n, prompt_len, max_tokens, limits,
                   "max_tokens" if raw.max_tokens is not None else "n" if n > 1 else "prompt")
@@ -108,7 +112,7 @@ def build_sampling_params(raw: RawParams, prompt_len: int, limits: Limits) -> Sa
         seed=seed, stop=tuple(raw.stop), stop_token_ids=tuple(raw.stop_token_ids),
         ignore_eos=raw.ignore_eos, include_stop_str_in_output=raw.include_stop_str_in_output,
         n=n, logprobs=logprobs, prompt_logprobs=prompt_logprobs, **penalties,
-        logit_bias=logit_bias, min_tokens=raw.min_tokens,
+        logit_bias=logit_bias, min_tokens=raw.min_tokens, constraint=raw.constraint,
     )
     try:  # the executor's own check, on what will cross (sample i's seed is seed + i mod 2^64)
         check_sampler(params.sampler_params(limits.eos_token_ids), limits)
@@ -209,3 +213,14 @@ def _check_min_tokens_ids(raw: RawParams, limits: Limits) -> None:
             raise _refuse("min_tokens", f"masks the EOS and stop_token_ids, {num_ids} ids here; the "
                           f"executor masks at most {limits.max_min_tokens_stop_ids}: send fewer "
                           "stop_token_ids")
+
+
+def _check_constraint(raw: RawParams) -> None:
+    """A grammar decides where its output ends (EOS is all it allows once complete): min_tokens
+    and ignore_eos would have the model sample past it from an empty mask."""
+    if raw.constraint is None:
+        return
+    for name, value in (("min_tokens", raw.min_tokens), ("ignore_eos", raw.ignore_eos)):
+        if value:
+            raise _refuse(name, f"={value} cannot be combined with {raw.constraint.param}: the "
+                          "structured output ends where its grammar is complete")

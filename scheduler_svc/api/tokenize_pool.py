@@ -67,6 +67,10 @@ class TokenizePool:
         self._num_pending = 0
         self._release_memory = find_malloc_trim()
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
     async def encode(self, prompt: TextPrompt | ChatPrompt, max_tokens: int,
                      with_tokens: bool = False) -> Encoded:
         """Token ids (and texts) of a text or chat prompt; only the count when > max_tokens."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmserve.limits import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_MIN_TOKENS_STOP_IDS
+from llmserve.structured.constraint import LIMITS as CONSTRAINT_LIMITS
 from scheduler_svc.api.prompts import Prompt, TextPrompt, TokenIdsPrompt, utf8_len
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.messages import RequestError
@@ -69,7 +70,10 @@ def max_request_bytes(sizes: SizeLimits, max_model_len: int, max_logit_bias: int
                  _MAX_VARINT_BYTES * max_model_len)
     stops = sizes.max_stop_bytes + 8 * sizes.max_stop_strings
     bias = _MAX_BIAS_ENTRY_BYTES * max_logit_bias
-    return prompt + stops + _MAX_VARINT_BYTES * sizes.max_stop_token_ids + bias + _WIRE_OVERHEAD_BYTES
+    # a structured-output constraint: its text (a choice's strings each framed)
+    constraint = CONSTRAINT_LIMITS.max_bytes + 8 * CONSTRAINT_LIMITS.max_choices
+    return (prompt + stops + _MAX_VARINT_BYTES * sizes.max_stop_token_ids + bias + constraint
+            + _WIRE_OVERHEAD_BYTES)
 
 
 def _over(what: str, num: int, unit: str, limit: int, flag: str, param: str = "prompt") -> RequestError:

@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
+from llmserve.structured.constraint import Constraint
 from step_protocol.domain import SamplerParams
 
 
@@ -35,6 +36,10 @@ class SamplingParams:
     min_p: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids distinct
     min_tokens: int = 0  # no stop condition but length ends the request before this many tokens
+    # Structured outputs: what the text must match, validated and compiled for the served
+    # tokenizer at admission (api/structured.py); None = unconstrained. The executor will
+    # mask with it (llguidance's grammar: llmserve.structured.to_grammar(constraint)).
+    constraint: Constraint | None = None
 
     def sampler_params(self, eos_token_ids: tuple[int, ...] = ()) -> SamplerParams:
         """The part the executor's sampler needs (sent once with the request). min_tokens

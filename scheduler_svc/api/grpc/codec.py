@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from google.protobuf import unknown_fields
 
+from llmserve.structured import constraint as sc
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from scheduler_svc.api.prompts import ChatPrompt, Prompt, TextPrompt, TokenIdsPrompt
 from scheduler_svc.api.request_params import RawParams
+from scheduler_svc.api.structured import request_error
+from scheduler_svc.api.validation import invalid
 from scheduler_svc.core.outputs import LogprobColumns, RequestOutput
 from scheduler_svc.core.request import FinishReason
 
@@ -95,7 +98,30 @@ def raw_params_from_pb(p: pb.SamplingParams) -> RawParams:
         min_p=p.min_p,
         logit_bias=p.logit_bias,
         min_tokens=p.min_tokens,
+        constraint=constraint_from_pb(p),
     )
+
+
+def constraint_from_pb(p: pb.SamplingParams) -> sc.Constraint | None:
+    """The params' constraint oneof (and its JSON options) as a Constraint; None when unset.
+    A refusal names the field set ("json_schema", "choice", ...)."""
+    kind = p.WhichOneof("constraint")
+    if kind is None:
+        return None
+    try:
+        if kind in ("json_schema", "json_object"):
+            if kind == "json_object" and not p.json_object:
+                raise invalid("json_object must be true when set (leave the constraint unset for "
+                              "none)", "json_object")
+            spec = p.json_schema if kind == "json_schema" else sc.JSON_OBJECT
+            return sc.json_schema(spec, kind, lenient=p.json_lenient, whitespace=(
+                "compact" if p.json_whitespace == pb.JSON_WHITESPACE_COMPACT else "flexible"),
+                whitespace_pattern=p.json_whitespace_pattern if p.HasField("json_whitespace_pattern") else None)
+        if kind == "choice":
+            return sc.choice(p.choice.choices, "choice")
+        return (sc.regex if kind == "regex" else sc.grammar)(getattr(p, kind), kind)
+    except sc.ConstraintError as e:
+        raise request_error(e) from None
 
 
 def chat_from_pb(chat: pb.ChatMessages) -> ChatPrompt:

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from scheduler_svc.api.http.constraints import StructuredFields
 from scheduler_svc.api.prompts import ChatPrompt, TextPrompt, TokenIdsPrompt
 from scheduler_svc.api.request_params import RawParams
 from scheduler_svc.api.validation import invalid
@@ -18,10 +19,8 @@ from scheduler_svc.api.validation import invalid
 # Fields of OpenAI's and vLLM's APIs that change the output and that this server does not
 # implement yet: refused by name, with what they are (docs/api.md lists them).
 UNSUPPORTED = {
-    "response_format": "structured outputs", "structured_outputs": "structured outputs",
-    "guided_json": "structured outputs", "guided_regex": "structured outputs",
-    "guided_choice": "structured outputs", "guided_grammar": "structured outputs",
-    "guided_decoding_backend": "structured outputs", "guided_whitespace_pattern": "structured outputs",
+    "guided_decoding_backend": "choosing a structured-outputs backend (llguidance is the one)",
+    "structural_tag": "structural tags", "disable_additional_properties": "rewriting JSON schemas",
     "tools": "tool calling", "tool_choice": "tool calling", "functions": "tool calling",
     "function_call": "tool calling", "tool_calls": "tool calling", "tool_call_id": "tool calling",
     "audio": "audio", "modalities": "audio", "reasoning_effort": "reasoning models",
@@ -71,7 +70,7 @@ class _Ignored(_Body):
 IGNORED = tuple(_Ignored.model_fields)
 
 
-class _Sampling(_Ignored):
+class _Sampling(StructuredFields, _Ignored):
     """Fields both generation endpoints share (OpenAI's, then vLLM's extras)."""
 
     model: str | None = None
@@ -117,6 +116,7 @@ class _Sampling(_Ignored):
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=self.repetition_penalty, min_p=self.min_p or 0.0,
             logit_bias=bias, min_tokens=self.min_tokens, default_max_tokens=default_max_tokens,
+            constraint=self.constraint(),
         )
 
     def client_param(self, param: str | None) -> str | None:

@@ -57,10 +57,12 @@ class SpecDecoder:
 
     def eligible(self, request: Request) -> bool:
         """Requests whose sampling the verifier implements: no logits processors (their state
-        is per position) and no logprobs (the verifier returns none)."""
+        is per position), no logprobs (the verifier returns none) and no structured-output
+        constraint (drafts are not yet checked against a grammar)."""
         if request.spec_eligible is None:
             p = request.params
             request.spec_eligible = (p.logprobs is None and p.prompt_logprobs is None
+                                     and p.constraint is None
                                      and not p.sampler_params(self.eos_token_ids).uses_processors)
         return request.spec_eligible
 

@@ -134,6 +134,9 @@ GRPC_FIELDS = {
     "presence_penalty": F32, "frequency_penalty": F32, "repetition_penalty": F32, "min_p": F32,
     "min_tokens": st.one_of(st.integers(0, 20), U32), "ignore_eos": st.booleans(),
     "stop_token_ids": st.lists(I32, max_size=4), "logit_bias": st.dictionaries(I32, F32, max_size=4),
+    # structured outputs (one oneof: the last set wins)
+    "regex": st.text(max_size=6), "grammar": st.text(max_size=6),
+    "json_schema": st.one_of(st.text(max_size=6), st.sampled_from(['{"type": "integer"}', '{"not": {}}', "[]"])),
 }
 
 

@@ -1,0 +1,60 @@
+"""Structured outputs at admission, for both doors: a request's constraint (built by its door,
+llmserve/structured) is compiled for the served tokenizer before the request is admitted, so a
+schema this server cannot run is refused naming its field, before any work. Compilation runs in
+the compiler's threads, never on the event loop (llguidance drops the GIL while it compiles),
+cached per constraint, and waited for at most CompileLimits.timeout_s: past it the request is
+refused, never held (docs/api.md, "Structured outputs"; docs/hardening.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from llmserve.structured.compiler import CompileBusy, CompileLimits, GrammarCompiler, ll_tokenizer
+from llmserve.structured.constraint import Constraint, ConstraintError
+from scheduler_svc.api.validation import invalid
+from scheduler_svc.core.tokenizer import Tokenizer
+from scheduler_svc.messages import RequestError
+
+# Until the executor masks with them, a request with a constraint is refused after it validated
+# rather than generated unconstrained; the executor's side turns this on.
+APPLIED_BY_EXECUTOR = False
+NOT_APPLIED = "structured outputs are validated but not yet applied by the executor"
+
+
+def request_error(e: ConstraintError) -> RequestError:
+    """The refusal a client gets: 429 / RESOURCE_EXHAUSTED when the compiler is busy (retry
+    later), else 400 / INVALID_ARGUMENT naming the field."""
+    if isinstance(e, CompileBusy):
+        return RequestError("RESOURCE_EXHAUSTED", e.message, e.param)
+    return invalid(e.message, e.param)
+
+
+class GrammarCheck:
+    """Compiles constraints for one tokenizer (one per API process: both doors share it). The
+    llguidance tokenizer is built by the compiler's first thread (~0.2-0.6 s for 49k ids);
+    only verdicts are cached, not matchers (the executor builds its own)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: Sequence[int],
+                 limits: CompileLimits = CompileLimits(), num_workers: int = 1):
+        def build():
+            return ll_tokenizer(tokenizer.hf.to_str(), vocab_size, tuple(eos_token_ids))
+
+        self.compiler = GrammarCompiler(build, limits, num_workers, keep_matchers=False)
+
+    async def check(self, constraint: Constraint) -> None:
+        """Returns once the constraint compiled; RequestError naming its field otherwise."""
+        try:
+            future = self.compiler.submit(constraint)
+            await asyncio.wait_for(asyncio.wrap_future(future), self.compiler.limits.timeout_s)
+        except TimeoutError:  # the compile goes on in its thread; its verdict will be cached
+            raise request_error(self.compiler.timed_out(constraint)) from None
+        except ConstraintError as e:
+            raise request_error(e) from None
+        if not APPLIED_BY_EXECUTOR:
+            raise invalid(f"{NOT_APPLIED}: {constraint.param} compiled, but is refused rather than "
+                          "ignored until they are; send the request without it", constraint.param)
+
+    def close(self) -> None:
+        self.compiler.close()
