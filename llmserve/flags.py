@@ -41,6 +41,8 @@ SCHEDULER_FLAGS = [("--ssl-keyfile", "--ssl-keyfile"), ("--ssl-certfile", "--ssl
                    ("--ssl-ca-certs", "--ssl-ca-certs"), ("--enable-prefix-caching", "--enable-prefix-caching"),
                    ("--speculative-config", "--speculative-config"),
                    ("--disable-log-requests", "--disable-log-requests"),
+                   ("--enable-auto-tool-choice", "--enable-auto-tool-choice"),
+                   ("--tool-call-parser", "--tool-call-parser"),
                    ("--enable-tokenizer-info-endpoint", "--enable-tokenizer-info-endpoint")]
 
 
@@ -106,6 +108,10 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     add(a, "--enable-tokenizer-info-endpoint", False, "serve GET /tokenizer_info on the HTTP API "
         "(the tokenizer's configuration and chat template, for clients such as lm-eval)",
         action="store_true")
+    add(a, "--enable-auto-tool-choice", False, 'parse tool calls for tool_choice "auto" (the '
+        "default when a chat sends tools); needs --tool-call-parser", action="store_true")
+    add(a, "--tool-call-parser", "", "format of the model's tool calls: hermes (Qwen2.5/3, Hermes) "
+        "or llama3_json (Llama 3.1-3.3)")
     add(a, "--scheduler-args", "", "more scheduler flags, e.g. '--max-waiting 512' (llmserve-scheduler --help)")
     return p
 

@@ -72,6 +72,12 @@ class SchedulerConfig:
     # GET /tokenizer_info on the HTTP API (vLLM's flag: it shows the chat template and the
     # tokenizer's configuration); off = 404.
     enable_tokenizer_info_endpoint: bool = False
+    # Tool calling on /v1/chat/completions (vLLM's flags; docs/api.md, "Tool calling"): parse
+    # the model's calls for tool_choice "auto" (the default with tools), in the format of
+    # tool_call_parser (TOOL_CALL_PARSERS; also the format that describes the tools to a chat
+    # template that does not render them; "" = hermes there, and "auto" is refused).
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str = ""
     # Public API limits, checked before any work (docs/hardening.md, "API limits"): UTF-8 bytes
     # of a text prompt or of all chat messages' roles and contents, chat messages per request,
     # stop strings per request and their total bytes, stop token ids per request. The public
@@ -103,6 +109,8 @@ class SchedulerConfig:
     disable_log_requests: bool = False
 
 
+# --tool-call-parser's formats (scheduler_svc/api/tools/plan.py FORMATS, one module each)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 _env = partial(env_default, "LLMSERVE_SCHEDULER_")  # LLMSERVE_SCHEDULER_<FLAG> as the default's type
 
 
@@ -179,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
                    default=_env("ENABLE_TOKENIZER_INFO_ENDPOINT", d.enable_tokenizer_info_endpoint),
                    help="serve GET /tokenizer_info on the HTTP API (vLLM's: the tokenizer's "
                         "configuration and chat template, for clients such as lm-eval)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   default=_env("ENABLE_AUTO_TOOL_CHOICE", d.enable_auto_tool_choice),
+                   help='parse tool calls from the output for tool_choice "auto" (needs --tool-call-parser)')
+    p.add_argument("--tool-call-parser", type=_tool_call_parser,
+                   default=_env("TOOL_CALL_PARSER", d.tool_call_parser),
+                   help=f"format of the model's tool calls: {', '.join(TOOL_CALL_PARSERS)}")
     _add_api_boundary_flags(p, d)
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
     p.add_argument("--log-stats-interval", type=float,
@@ -222,6 +236,12 @@ def _add_api_boundary_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> N
                         "(prefer the LLMSERVE_API_KEY environment variable: flags show in ps)")
 
 
+def _tool_call_parser(text: str) -> str:
+    if text and text not in TOOL_CALL_PARSERS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(TOOL_CALL_PARSERS)}, got {text!r}")
+    return text
+
+
 def _depth(text: str) -> int:
     value = int(text)
     if not 1 <= value <= 8:
@@ -231,4 +251,9 @@ def _depth(text: str) -> int:
 
 def from_args(argv: list[str] | None = None) -> SchedulerConfig:
     """Parses flags (environment variables LLMSERVE_SCHEDULER_<FLAG> give the defaults)."""
-    return SchedulerConfig(**vars(build_parser().parse_args(argv)))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        parser.error("--enable-auto-tool-choice needs --tool-call-parser "
+                     f"({' or '.join(TOOL_CALL_PARSERS)})")
+    return SchedulerConfig(**vars(args))

@@ -43,6 +43,10 @@ class ChatPrompt:
         """The messages as a chat template reads them."""
         return [{"role": m.role, "content": m.content} for m in self.messages]
 
+    def render(self, tokenizer) -> str:
+        """The chat as the template writes it (a chat with tools: api/tools/render.py)."""
+        return tokenizer.render_chat(self.as_dicts(), self.add_generation_prompt)
+
 
 Prompt = TextPrompt | TokenIdsPrompt | ChatPrompt
 

@@ -149,7 +149,7 @@ class TokenizePool:
         if self._tokenizer.chat_template is None:
             raise invalid("this model has no chat template: send text or token ids")
         try:
-            return self._tokenizer.render_chat(prompt.as_dicts(), prompt.add_generation_prompt)
+            return prompt.render(self._tokenizer)
         except jinja2.TemplateError as e:  # the template's own words (raise_exception) are for users
             raise invalid(f"the chat template could not render these messages: {e}") from e
         except Exception as e:  # anything else is still this input's problem, but its text is ours

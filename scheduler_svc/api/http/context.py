@@ -12,6 +12,7 @@ from fastapi import Request
 from scheduler_svc.api.admission import Admission
 from scheduler_svc.api.engine_client import EngineClient
 from scheduler_svc.api.http import errors
+from scheduler_svc.api.tools.plan import ToolSettings
 from scheduler_svc.core.tokenizer import Tokenizer
 
 # Bodies above this are parsed on a worker thread (~10 ms a MB of JSON).
@@ -26,6 +27,7 @@ class HttpContext:
     api_key: str = ""
     metrics: object = None  # api.metrics.Metrics (render() -> Prometheus text)
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (tokenizer_info.py)
+    tools: ToolSettings = ToolSettings()  # tool calling's flags (api/tools/)
 
     @property
     def engine(self) -> EngineClient:

@@ -22,6 +22,7 @@ from scheduler_svc.api.http.echo import Echo, completion_logprobs, vllm_prompt_l
 from scheduler_svc.api.http.fanout import admit_prompts, merged
 from scheduler_svc.api.http.schemas import ChatCompletionRequest, CompletionRequest
 from scheduler_svc.api.prompts import TextPrompt
+from scheduler_svc.api.tools.plan import ToolPlan, prepare_chat
 from scheduler_svc.core.request import FinishReason
 from scheduler_svc.messages import RequestError
 
@@ -45,8 +46,10 @@ async def _generate(ctx: HttpContext, request: Request, body, chat: bool) -> Res
     record.request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     ctx.check_model(body.model)
     try:
-        prompts = [body.to_prompt()] if chat else body.to_prompts()
-        admitted = await admit_prompts(ctx.admission, prompts, body.to_raw())
+        prompt, raw, tools = prepare_chat(body, ctx.tools, ctx.admission.sizes) if chat else (
+            None, body.to_raw(), None)  # a chat's tools (api/tools/)
+        prompts = [prompt] if chat else body.to_prompts()
+        admitted = await admit_prompts(ctx.admission, prompts, raw)
     except RequestError as e:
         e.param = body.client_param(e.param)  # as the client spelled it
         raise
@@ -54,7 +57,7 @@ async def _generate(ctx: HttpContext, request: Request, body, chat: bool) -> Res
     texts = None if chat or not body.echo else [  # what echo puts ahead of each choice
         p.text if isinstance(p, TextPrompt) else await ctx.admission.pool.decode(ids, False)
         for p, (ids, _) in zip(prompts, admitted)]
-    job = _Job(ctx, body, chat, admitted, record, texts)
+    job = _Job(ctx, body, chat, admitted, record, texts, tools)
     if body.stream:
         record.unfinished = True  # until the engine's iterator ends: else the client left
         return StreamingResponse(job.events(), media_type="text/event-stream",
@@ -77,7 +80,7 @@ class _Job:
     """One admitted request and its responses in OpenAI's shapes."""
 
     def __init__(self, ctx: HttpContext, body, chat: bool, admitted: list, record: access_log.Record,
-                 texts: list[str] | None):
+                 texts: list[str] | None, tools: ToolPlan | None = None):
         self.ctx, self.body, self.chat, self.admitted = ctx, body, chat, admitted
         self.prompt_ids, params = admitted[0]
         self.n = params.n * len(admitted)  # choices: prompt i's sample j is choice i * n + j
@@ -85,6 +88,7 @@ class _Job:
         self.record, self.id = record, record.request_id
         self.created = int(time.time())
         self.offsets = [0] * self.n  # completions' text_offset, per choice
+        self.tools = tools.outputs(self.n) if tools else None  # the calls in the choices
 
     def _envelope(self, choices: list, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -160,6 +164,8 @@ class _Job:
             add(ready)
         choices = [self._choice(i, "".join(texts[i]), ids[i], entries[i], last[i].finish_reason,
                                 last[i].matched_stop, delta=False) for i in range(n)]
+        if self.tools:
+            choices = [self.tools.message(c) for c in choices]
         answer = self._envelope(choices, chunk=False)
         answer["usage"] = self._usage(sum(out.num_output_tokens for out in last))
         self._add_prompt_fields(answer)
@@ -188,8 +194,10 @@ class _Job:
         return f"data: {json.dumps(chunk)}\n\n"
 
     def _delta(self, out, include_usage: bool) -> str:
-        return self._event([self._choice(out.index, out.new_text, out.new_token_ids, out.logprobs,
-                                         out.finish_reason, out.matched_stop, delta=True)], include_usage)
+        choice = self._choice(out.index, out.new_text, out.new_token_ids, out.logprobs,
+                              out.finish_reason, out.matched_stop, delta=True)
+        choices = self.tools.deltas(choice) if self.tools else [choice]  # tool calls: 0 to many
+        return "".join(self._event([c], include_usage) for c in choices)
 
     async def events(self):
         """Server-sent events: a chunk per engine output, the usage chunk when asked, [DONE].

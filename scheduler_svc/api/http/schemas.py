@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from scheduler_svc.api.http.constraints import StructuredFields
 from scheduler_svc.api.prompts import ChatPrompt, TextPrompt, TokenIdsPrompt
 from scheduler_svc.api.request_params import RawParams
+from scheduler_svc.api.tools.fields import MessageToolCall, Tool, ToolChoice
 from scheduler_svc.api.validation import invalid
 
 # Fields of OpenAI's and vLLM's APIs that change the output and that this server does not
@@ -21,8 +22,8 @@ from scheduler_svc.api.validation import invalid
 UNSUPPORTED = {
     "guided_decoding_backend": "choosing a structured-outputs backend (llguidance is the one)",
     "structural_tag": "structural tags", "disable_additional_properties": "rewriting JSON schemas",
-    "tools": "tool calling", "tool_choice": "tool calling", "functions": "tool calling",
-    "function_call": "tool calling", "tool_calls": "tool calling", "tool_call_id": "tool calling",
+    "functions": "the deprecated function calling (send tools)",
+    "function_call": "the deprecated function calling (send tool_choice)",
     "audio": "audio", "modalities": "audio", "reasoning_effort": "reasoning models",
     "web_search_options": "web search", "prediction": "predicted outputs",
     "skip_special_tokens": "special-token handling", "spaces_between_special_tokens": "special-token handling",
@@ -56,7 +57,7 @@ class StreamOptions(_Body):
 
 class _Ignored(_Body):
     """Fields accepted and ignored: none can change the output (OpenAI's bookkeeping, caching
-    and routing hints; parallel_tool_calls means nothing without tools, which are refused)."""
+    and routing hints; parallel_tool_calls: a chat with tools reads it, nothing else does)."""
 
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -171,6 +172,8 @@ class ContentPart(_Body):
 class ChatMessage(_Body):
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls (api/tools/)
+    tool_call_id: str | None = None  # a tool result's call
 
     @property
     def text(self) -> str:
@@ -189,6 +192,9 @@ class _Turn:
 
 
 def chat_prompt(messages: list[ChatMessage], add_generation_prompt: bool) -> ChatPrompt:
+    """A chat without tool turns (a chat completion's with them: api/tools/plan.py)."""
+    if any(m.tool_calls or m.tool_call_id is not None for m in messages):
+        raise invalid("tool calls and tool results are rendered for /v1/chat/completions only", "messages")
     return ChatPrompt([_Turn(m.role, m.text) for m in messages], add_generation_prompt)
 
 
@@ -198,6 +204,8 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # vLLM's extra
+    tools: list[Tool] | None = None  # api/tools/plan.py checks them
+    tool_choice: ToolChoice | None = None
 
     def to_prompt(self) -> ChatPrompt:
         return chat_prompt(self.messages, self.add_generation_prompt)

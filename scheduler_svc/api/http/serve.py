@@ -15,6 +15,7 @@ from scheduler_svc.api.admission import Admission
 from scheduler_svc.api.engine_client import EngineClient
 from scheduler_svc.api.http.app import HttpContext, build_app
 from scheduler_svc.api.tokenize_pool import TokenizePool
+from scheduler_svc.api.tools.plan import ToolSettings
 from scheduler_svc.api.validation import SizeLimits, max_request_bytes
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.tokenizer import Tokenizer
@@ -70,7 +71,7 @@ async def start_http(config: SchedulerConfig, engine: EngineClient, pool: Tokeni
     sizes = SizeLimits.from_config(config)
     admission = Admission(engine, pool, sizes, config.max_waiting, config.enable_prefix_caching)
     ctx = HttpContext(admission, tokenizer, engine.info.model_name, config.api_key, metrics,
-                      config.enable_tokenizer_info_endpoint)
+                      config.enable_tokenizer_info_endpoint, ToolSettings.from_config(config))
     max_body = JSON_EXPANSION * max_request_bytes(sizes, engine.info.max_model_len,
                                                   engine.info.max_logit_bias)
     tls = {}

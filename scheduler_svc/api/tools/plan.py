@@ -10,6 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from llmserve.structured.constraint import ConstraintError, json_schema
 from scheduler_svc.api.prompts import utf8_len
 from scheduler_svc.api.request_params import RawParams
 from scheduler_svc.api.tools import forced
@@ -23,12 +24,6 @@ FORMATS = {f.name: f for f in (HermesFormat, Llama3JsonFormat)}  # --tool-call-p
 MAX_TOOLS = 128  # OpenAI's limit
 MAX_SCHEMA_DEPTH = 32  # nesting of a function's parameters schema
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
-# tool_choice "required" and a named function need a grammar on the output (structured
-# outputs): the RawParams field that carries a JSON schema, None while there is none (then
-# they are refused, saying why).
-SCHEMA_FIELD: str | None = None
-FORCED_NEEDS = ("structured outputs (a JSON-schema constraint on the output), which this server "
-                "does not have yet; use \"auto\" or \"none\"")
 
 
 @dataclass(frozen=True)
@@ -93,9 +88,16 @@ def prepare_chat(body, settings: ToolSettings, sizes: SizeLimits):
 
 
 def _with_schema(raw: RawParams, schema: dict | None) -> RawParams:
+    """The forced choices' grammar: their JSON schema as the request's structured output."""
     if schema is None:
         return raw
-    return dataclasses.replace(raw, **{SCHEMA_FIELD: schema})
+    if raw.constraint is not None:
+        raise invalid(f"tool_choice and {raw.constraint.param} both constrain the output; send one",
+                      "tool_choice")
+    try:
+        return dataclasses.replace(raw, constraint=json_schema(schema, "tool_choice"))
+    except ConstraintError as e:  # (the tools' schemas are too large for a grammar)
+        raise invalid(e.message, "tool_choice") from None
 
 
 def plan_tools(body, settings: ToolSettings, sizes: SizeLimits) -> ToolPlan | None:
@@ -118,16 +120,11 @@ def plan_tools(body, settings: ToolSettings, sizes: SizeLimits) -> ToolPlan | No
                           'tool_choice "none" to show the tools without parsing calls', "tool_choice")
         return ToolPlan("auto", functions, parallel, format=fmt)
     if choice == "required":
-        plan = ToolPlan("required", functions, parallel, format=fmt)
-    else:
-        name = choice.function.name
-        if name not in {f["name"] for f in functions}:
-            raise invalid(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
-        plan = ToolPlan("named", functions, parallel, name, fmt)
-    if SCHEMA_FIELD is None:
-        shown = "required" if choice == "required" else "a named function"
-        raise invalid(f"tool_choice {shown} needs {FORCED_NEEDS}", "tool_choice")
-    return plan
+        return ToolPlan("required", functions, parallel, format=fmt)
+    name = choice.function.name
+    if name not in {f["name"] for f in functions}:
+        raise invalid(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
+    return ToolPlan("named", functions, parallel, name, fmt)
 
 
 def _check_tools(tools) -> tuple[dict, ...]:

@@ -60,8 +60,7 @@ def test_param_is_named_as_the_client_sent_it(client, model_name):
 
 @pytest.mark.parametrize("extra", [
     {"guided_decoding_backend": "xgrammar"},  # (structured outputs: test_structured_outputs.py)
-    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-    {"tool_choice": "auto"}, {"functions": []},
+    {"tool_choice": "auto"}, {"functions": []},  # (tools: tools/test_tool_calls.py)
     {"no_such_field": 1},
 ])
 def test_unimplemented_fields_are_refused_by_name(client, model_name, extra):
