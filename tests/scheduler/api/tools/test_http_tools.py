@@ -140,6 +140,16 @@ def test_forced_choices_are_the_grammars_output(tok):
         assert json.loads(grammars.checked[-1].value) == WEATHER["function"]["parameters"]
 
 
+def test_tokenize_takes_no_tool_turns(plain):
+    client, _ = plain
+    turns = ASK + [{"role": "tool", "tool_call_id": "c", "content": "x"}]
+    root = client.with_options(base_url="http://testserver")
+    assert root.post("/tokenize", body={"messages": ASK}, cast_to=object)["count"] > 0
+    with pytest.raises(openai.BadRequestError) as e:
+        root.post("/tokenize", body={"messages": turns}, cast_to=object)
+    assert e.value.body["param"] == "messages"
+
+
 @pytest.mark.parametrize("kw, param", [
     ({}, "tool_choice"),  # auto by default: needs --enable-auto-tool-choice
     ({"tool_choice": "required"}, "tool_choice"),
