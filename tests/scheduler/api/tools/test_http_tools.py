@@ -140,6 +140,20 @@ def test_forced_choices_are_the_grammars_output(tok):
         assert json.loads(grammars.checked[-1].value) == WEATHER["function"]["parameters"]
 
 
+def test_llama3_json_server(tok):
+    with serving(tok, ToolSettings(auto=True, parser="llama3_json")) as (client, engine):
+        engine.script = [['{"name": "get_weather", "param', 'eters": {"city": "Lima"}}; {"name": "get_time", ',
+                          '"parameters": {}}']]
+        r = _ask(client)
+        assert [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls] == [
+            ("get_weather", '{"city": "Lima"}'), ("get_time", "{}")]
+        assert r.choices[0].message.content is None and r.choices[0].finish_reason == "tool_calls"
+        prompt = tok.decode(engine.prompts[-1], skip_special_tokens=False)
+        assert "Given the following functions, please respond with a JSON for a function call" in prompt
+        engine.script = [["The answer ", "is 42."]]
+        assert _ask(client).choices[0].message.content == "The answer is 42."
+
+
 def test_tokenize_takes_no_tool_turns(plain):
     client, _ = plain
     turns = ASK + [{"role": "tool", "tool_call_id": "c", "content": "x"}]
