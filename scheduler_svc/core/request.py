@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmserve.structured.constraint import Constraint
-from step_protocol.domain import SamplerParams
+from step_protocol.domain import NewRequestData, SamplerParams
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,13 @@ class Request:
             params = replace(params, prompt_logprobs=-1)
         return params
 
+    def new_request_data(self, num_new_tokens: int, eos_token_ids: tuple[int, ...]) -> NewRequestData:
+        """Its row as it crosses to the executor once (again after a preemption), admitted with
+        num_computed_tokens cached and num_new_tokens to compute."""
+        return NewRequestData(self.req_id, self.all_token_ids, self.sampler_params(eos_token_ids),
+                              list(self.block_ids), self.num_computed_tokens, num_new_tokens,
+                              self.num_prompt_tokens)
+
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
@@ -166,6 +173,13 @@ class Request:
         if start >= n:
             return self.output_token_ids[start - n:end - n]
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+
+    def advance(self, num_new_tokens: int) -> None:
+        """Scheduled for num_new_tokens more in a step (computed once that step runs)."""
+        self.num_computed_tokens += num_new_tokens
+        self.num_inflight_steps += 1
+        if self.num_computed_tokens >= self.num_tokens_with_pending:  # (> : drafts)
+            self.num_pending_tokens += 1  # the row reaches the end of its tokens: it samples
 
     @property
     def is_finished(self) -> bool:

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from step_protocol.domain import NewRequestData, StepPlan, StepResult
+from step_protocol.domain import StepPlan, StepResult
 
 from .core_config import SchedulerCoreConfig  # noqa: F401  (re-exported: the core's config)
 from .detokenizer import detokenizer_factory as make_detokenizer_factory
@@ -42,8 +42,7 @@ class Scheduler:
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.detokenizer_factory = (make_detokenizer_factory(detokenizer_factory)
                                     if isinstance(detokenizer_factory, Tokenizer) else detokenizer_factory)
-        # Live requests: not finished, or finished with steps still in flight.
-        self.requests: dict[int, Request] = {}
+        self.requests: dict[int, Request] = {}  # live: not finished, or with steps still in flight
         self.waiting: deque[Request] = deque()  # new and preempted (at the front)
         # Samples 1..n-1 of a request, until their leader's prompt KV is written (samples.py).
         self.held = HeldSamples(config.block_size, config.enable_prefix_caching)
@@ -51,6 +50,7 @@ class Scheduler:
         self._num_arrivals = self._next_step_id = 0
         self._inflight_step_ids: deque[int] = deque()
         self._finished_req_ids: list[int] = []  # for the next plan
+        self._failed: dict[int, Exception] = {}  # req_id -> what its token raised (take_failed)
         spec = config.speculative
         self.spec = SpecDecoder(spec, config.max_model_len, config.eos_token_ids) if spec else None
         self.spec_steps = SpecSteps.for_config(spec, self.spec, clock) if spec else None  # spec/gate.py
@@ -59,7 +59,9 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         """Queues a new request. Raises ValueError if it can never run."""
-        self._validate(request)
+        if request.req_id in self.requests:
+            raise ValueError(f"request {request.req_id} already exists")
+        check_runnable(request, self.config.max_model_len, self.config.block_size, self.num_total_blocks)
         request.arrival_order, self._num_arrivals = self._num_arrivals, self._num_arrivals + 1
         if self.spec_steps is not None and not self.requests:  # idle until now: not measured
             self.spec_steps.trials.restart()
@@ -71,17 +73,9 @@ class Scheduler:
         if not self.held.hold(request):
             self.waiting.append(request)
 
-    def _validate(self, request: Request) -> None:
-        if request.req_id in self.requests:
-            raise ValueError(f"request {request.req_id} already exists")
-        check_runnable(request, self.config.max_model_len, self.config.block_size, self.num_total_blocks)
-
     def abort_request(self, req_id: int) -> None:
-        """Finishes the request as CANCELLED; no output is returned for it from now on.
-
-        Unknown or already finished ids are ignored. Its blocks are freed once no step in
-        flight includes it.
-        """
+        """Finishes the request as CANCELLED; no output is returned for it from now on. Unknown
+        or already finished ids are ignored. Its blocks are freed once no step in flight has it."""
         request = self.requests.get(req_id)
         if request is not None and not request.is_finished:
             self._finish(request, FinishReason.CANCELLED)
@@ -109,6 +103,12 @@ class Scheduler:
     def take_prefix_cache_stats(self) -> tuple[int, int]:
         """Prefix-cache (queried, hit) tokens of requests admitted since the last call."""
         return self.kv.stats.take()
+
+    def take_failed(self) -> dict[int, Exception]:
+        """Requests whose own token raised while update_from_output applied it, since the last
+        call, with the exception: each failed alone (aborted: no output; its blocks go back)."""
+        failed, self._failed = self._failed, {}
+        return failed
 
     def take_spec_decode_stats(self) -> tuple[int, int, int]:
         """(verify rows, draft tokens, accepted drafts) since the last call; zeros when off."""
@@ -147,7 +147,7 @@ class Scheduler:
             if drafts:
                 out.add_drafts(drafts, chained)
                 spec.record(request, out.step_id, drafts, chained)
-            self._advance(request, num_new_tokens)
+            request.advance(num_new_tokens)
             budget -= num_new_tokens
             i += 1
         return budget, not out.preempted_req_ids
@@ -185,12 +185,10 @@ class Scheduler:
             if not skip_cache:
                 self.kv.record_admission(request, num_computed)
             request.num_computed_tokens = num_computed
-            out.new_requests.append(NewRequestData(
-                request.req_id, request.all_token_ids, request.sampler_params(self.config.eos_token_ids),
-                list(request.block_ids), num_computed, num_new_tokens, request.num_prompt_tokens))
+            out.new_requests.append(request.new_request_data(num_new_tokens, self.config.eos_token_ids))
             request.status = RequestStatus.RUNNING
             bisect.insort(self.running, request, key=lambda r: r.arrival_order)
-            self._advance(request, num_new_tokens)
+            request.advance(num_new_tokens)
             budget -= num_new_tokens
             self.held.release(request, self.waiting)  # its prefix hit may cover its prompt
 
@@ -204,12 +202,6 @@ class Scheduler:
         if self.config.long_prefill_token_threshold > 0:
             num_new_tokens = min(num_new_tokens, self.config.long_prefill_token_threshold)
         return min(num_new_tokens, budget)
-
-    def _advance(self, request: Request, num_new_tokens: int) -> None:
-        request.num_computed_tokens += num_new_tokens
-        request.num_inflight_steps += 1
-        if request.num_computed_tokens >= request.num_tokens_with_pending:  # (> : drafts)
-            request.num_pending_tokens += 1  # the row reaches the end of its tokens: it samples
 
     def _preempt(self, request: Request, out: StepPlan) -> None:
         """Recompute later: drop its KV, keep its tokens, put it at the front of the queue."""
@@ -258,7 +250,13 @@ class Scheduler:
             if token_id is not None and request.num_pending_tokens > 0:
                 request.num_pending_tokens -= 1
                 if request.status is not finished and token_id != []:
-                    outputs.append(self._append_tokens(request, token_id, logprobs))
+                    try:  # one row at a time (docs/hardening.md); costs nothing until it raises
+                        outputs.append(self._append_tokens(request, token_id, logprobs))
+                    except StepResultError:
+                        raise  # the executor's breach (logprobs missing), no one request's fault
+                    except Exception as e:  # noqa: BLE001 - its own text, stop strings: it fails alone
+                        self._failed[req_id] = e
+                        self.abort_request(req_id)  # unless it finished: its slot and blocks go back
             elif token_id is None and should_sample and request.status is RequestStatus.RUNNING:
                 missing.append(req_id)
             self._release_blocks(request)

@@ -3,21 +3,16 @@
 An exception while the core works for one request used to end the core process (and every
 stream with it). What depends on a request's own content is contained to that request:
 
-- applying a sampled token to it: detokenization, stop strings, logprobs
-  (`Scheduler._append_tokens`, called once per request per step by `update_from_output`);
-- adding it (`EngineCore._add`) and encoding its outputs (`EngineCore._publish`), in
-  core_process.py.
+- applying a sampled token to it: detokenization, stop strings. The scheduler core contains
+  that itself, row by row in `Scheduler.update_from_output`, and hands the requests it failed
+  over with `Scheduler.take_failed`; `with_failed` turns them into errors when that update's
+  outputs are published;
+- adding it (`add_all_or_none`) and encoding its outputs (`send_or_fail`), for core_process.py.
 
 The request is finished in the scheduler (its slot and blocks go back, as for an abort) and
 answered INTERNAL; the step goes on for every other request. Anything else that raises in the
 step loop is a fault of the scheduler's own state, which no single request explains: the core
 fails every request and starts a fresh scheduler (core_process.EngineCore.run).
-
-Why wrap `_append_tokens` and not the whole `update_from_output`: when one row raises halfway
-through a step, the rows before it are applied and their outputs would be lost with the
-exception, the rows after it not applied at all, so no fallback could finish that step
-correctly. The wrapper costs one more call per sampled token (a try costs nothing on CPython
-3.11 until it raises): see docs/scheduler.md for the measurement.
 """
 
 from __future__ import annotations
@@ -26,14 +21,12 @@ import logging
 import uuid
 
 from scheduler_svc.core.outputs import RequestOutput
-from scheduler_svc.core.request import FinishReason, Request
 from scheduler_svc.core.samples import sample_requests
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.messages import AddRequest, Outputs, RequestError
 from scheduler_svc.pipe import Channel, ChannelClosed, FrameTooLarge, UndeliverableMessage
 
 log = logging.getLogger("llmserve.engine_core")
-_append_tokens = Scheduler._append_tokens  # bound once: no super() lookup per token
 
 
 def request_failed(req_id: int, what: str, exc: BaseException) -> RequestError:
@@ -46,32 +39,14 @@ def request_failed(req_id: int, what: str, exc: BaseException) -> RequestError:
                         f"(error id {error_id}): {type(exc).__name__}: {exc}")
 
 
-class ContainedScheduler(Scheduler):
-    """A Scheduler whose per-request token work fails that request alone. The requests it
-    failed during an update are taken with `take_failed` when that update's outputs are
-    published."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.failed: dict[int, RequestError] = {}
-
-    def _append_tokens(self, request: Request, token_ids, logprobs) -> RequestOutput:
-        try:
-            return _append_tokens(self, request, token_ids, logprobs)
-        except Exception as e:  # noqa: BLE001 - contained to this request, logged with its traceback
-            self.failed[request.req_id] = request_failed(request.req_id, "applying a step's token", e)
-            if not request.is_finished:
-                self._finish(request, FinishReason.CANCELLED)  # its slot and blocks go back
-            # A stand-in for update_from_output's list; take_failed drops it before it is sent.
-            return RequestOutput(request.req_id, [], "", FinishReason.CANCELLED, "", 0, 0)
-
-    def take_failed(self, outputs: list[RequestOutput], errors: list) -> tuple[list, list]:
-        """outputs without those of requests that failed since the last call; errors with
-        theirs. Free when nothing failed (a dict's truth value)."""
-        if not self.failed:
-            return outputs, errors
-        failed, self.failed = self.failed, {}
-        return [o for o in outputs if o.req_id not in failed], [*errors, *failed.items()]
+def with_failed(scheduler: Scheduler, outputs: list[RequestOutput], errors: list) -> tuple[list, list]:
+    """outputs, and errors with those of the requests the scheduler failed alone since the last
+    call (Scheduler.take_failed; they have no output), each logged with its traceback under an
+    error id. Free when nothing failed (a dict's truth value)."""
+    failed = scheduler.take_failed()
+    if not failed:
+        return outputs, errors
+    return outputs, [*errors, *((i, request_failed(i, "applying a step's token", e)) for i, e in failed.items())]
 
 
 def add_all_or_none(scheduler: Scheduler, cmd: AddRequest) -> RequestError | None:

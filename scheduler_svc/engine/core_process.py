@@ -21,10 +21,10 @@ from llmserve.logs import configure_logging
 from llmserve.speculative import parse_speculative_config
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.outputs import RequestOutput
-from scheduler_svc.core.scheduler import SchedulerCoreConfig, StepResultError
+from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig, StepResultError
 from scheduler_svc.core.spec.decoder import check_executor
 from scheduler_svc.core.tokenizer import Tokenizer
-from scheduler_svc.engine.containment import ContainedScheduler, add_all_or_none, request_failed, send_or_fail
+from scheduler_svc.engine.containment import add_all_or_none, request_failed, send_or_fail, with_failed
 from scheduler_svc.engine.executor_client import ExecutorClient, ExecutorUnavailable
 from scheduler_svc.engine.stats import EngineStats, StatsLogger
 from scheduler_svc.engine.step_loop import StepLoop
@@ -73,7 +73,7 @@ class EngineCore:
         self._connected = False  # False while (re)connecting: new requests are refused
         self.stats = CoreStats()
         self.engine_stats = EngineStats(self.stats)  # step times, preemptions, scheduled-at times
-        self.scheduler: ContainedScheduler | None = None
+        self.scheduler: Scheduler | None = None
         self.loop: StepLoop | None = None
 
     async def connect(self) -> ExecutorInfo:
@@ -86,7 +86,7 @@ class EngineCore:
         path = self._config.tokenizer or info.model_path
         if path not in self._tokenizers:
             self._tokenizers[path] = await asyncio.to_thread(Tokenizer.from_pretrained, path)  # off the loop
-        self.scheduler = ContainedScheduler(core_config(self._config, info), self._tokenizers[path])
+        self.scheduler = Scheduler(core_config(self._config, info), self._tokenizers[path])
         depth = self._config.pipeline_depth if self._config.overlap else 1
         self.loop = StepLoop(self.scheduler, self._client, depth, on_outputs=self._publish,
                              on_result=self.engine_stats.on_result, on_plan=self.engine_stats.on_plan,
@@ -171,7 +171,7 @@ class EngineCore:
         the channel between steps (run_steps), so a stalled API process holds the steps back."""
         s, sched = self.stats, self.scheduler
         if sched is not None:
-            outputs, errors = sched.take_failed(outputs, errors)  # requests the update failed
+            outputs, errors = with_failed(sched, outputs, errors)  # requests the update failed alone
             s.num_total_blocks, s.num_free_blocks = sched.num_total_blocks, sched.num_free_blocks
             s.num_running, s.num_waiting = sched.num_running, sched.num_waiting
             num_queries, num_hits = sched.take_prefix_cache_stats()  # totals survive a reconnect

@@ -279,6 +279,8 @@ def run(scheduler: Scheduler, arrivals: dict[int, list[Request]], aborts=None, *
         raise AssertionError("did not finish")
 
     asyncio.run(drive())
+    failed = scheduler.take_failed()  # requests the core failed alone: none here
+    assert not failed, failed
     assert not scheduler.requests and not scheduler.has_work()
     assert scheduler.num_free_blocks == scheduler.num_total_blocks  # cached-but-free count as free
     assert all(b.ref_count == 0 for b in scheduler.kv.pool.blocks[1:])

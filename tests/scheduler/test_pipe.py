@@ -12,7 +12,7 @@ import uvloop
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.outputs import RequestOutput
-from scheduler_svc.engine.containment import ContainedScheduler
+from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.engine.core_process import EngineCore
 from scheduler_svc.messages import decode_output
 from scheduler_svc.pipe import (Channel, ChannelBroken, ChannelClosed, FrameTooLarge,
@@ -114,7 +114,7 @@ def test_an_output_batch_too_large_to_cross_fails_only_the_request_that_cannot()
     async def main():
         ours, theirs = await _pair(max_frame_bytes=2048)
         core = EngineCore(SchedulerConfig(), ours)
-        core.scheduler = ContainedScheduler(make_config(), lambda request: LetterDetokenizer())
+        core.scheduler = Scheduler(make_config(), lambda request: LetterDetokenizer())
         for req_id in (1, 2, 3):
             core.scheduler.add_request(req(req_id, [1, 2, 3], max_tokens=8))
         small = [RequestOutput(i, [5], "abcdefgh" * 20, None, "", 3, 1) for i in (1, 2)]  # ~1.5 KiB together

@@ -13,9 +13,9 @@ import uvloop
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.detokenizer import detokenizer_factory
 from scheduler_svc.core.request import SamplingParams
+from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.tokenizer import Tokenizer
 from scheduler_svc.engine import core_process
-from scheduler_svc.engine.containment import ContainedScheduler
 from scheduler_svc.engine.core_process import EngineCore
 from scheduler_svc.engine.step_loop import StepLoop
 from scheduler_svc.messages import ALL, AddRequest, decode_output
@@ -34,7 +34,7 @@ def tok(tmp_path_factory):
 
 def _install_scheduler(core: EngineCore, detokenizers) -> None:
     """What EngineCore._connect does, over the fake executor instead of gRPC."""
-    core.scheduler = ContainedScheduler(make_config(), detokenizers, clock=lambda: 0.0)
+    core.scheduler = Scheduler(make_config(), detokenizers, clock=lambda: 0.0)
     core.loop = StepLoop(core.scheduler, FakeTransport(FakeExecutor(4)), 2, on_outputs=core._publish)
     core._connected = core.stats.executor_available = True
 
