@@ -9,3 +9,6 @@ MAX_EOS_TOKEN_IDS = 32  # the model's EOS ids, which min_tokens masks too
 MAX_MIN_TOKENS_STOP_IDS = MAX_STOP_TOKEN_IDS + MAX_EOS_TOKEN_IDS
 MAX_LOGIT_BIAS = 300  # logit_bias entries per request (OpenAI's limit)
 MAX_LOGPROBS = 20  # top alternatives per position (vLLM's --max-logprobs default)
+# llguidance grammar text a request may carry to the executor (structured outputs: the
+# constraint's own bounds, llmserve/structured/constraint.py, keep what admission sends far below)
+MAX_GRAMMAR_BYTES = 4 << 20

@@ -146,7 +146,7 @@ def _sampler_to_pb(p: SamplerParams) -> pb.SamplerParams:
         repetition_penalty=p.repetition_penalty,
         logit_bias_token_ids=[t for t, _ in p.logit_bias], logit_bias_values=[b for _, b in p.logit_bias],
         min_tokens=p.min_tokens, min_tokens_stop_ids=p.min_tokens_stop_ids,
-        logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs)
+        logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs, grammar=p.grammar)
 
 
 def _sampler_from_pb(m: pb.SamplerParams) -> SamplerParams:
@@ -160,4 +160,4 @@ def _sampler_from_pb(m: pb.SamplerParams) -> SamplerParams:
         presence_penalty=m.presence_penalty, frequency_penalty=m.frequency_penalty,
         repetition_penalty=m.repetition_penalty or 1.0, logit_bias=tuple(zip(ids, values)),
         min_tokens=m.min_tokens, min_tokens_stop_ids=tuple(m.min_tokens_stop_ids),
-        logprobs=m.logprobs, prompt_logprobs=m.prompt_logprobs)
+        logprobs=m.logprobs, prompt_logprobs=m.prompt_logprobs, grammar=m.grammar)

@@ -36,6 +36,9 @@ class SamplerParams:
     # top-k alternatives) and of each prompt token after the first (-1 = none).
     logprobs: int = -1
     prompt_logprobs: int = -1
+    # Structured outputs: the grammar every sampled token must follow, as llguidance's grammar
+    # text (llmserve.structured.to_grammar of the request's constraint); "" = unconstrained.
+    grammar: str = ""
 
     @property
     def uses_processors(self) -> bool:

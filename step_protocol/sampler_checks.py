@@ -14,6 +14,7 @@ import struct
 from google.protobuf.descriptor import FieldDescriptor
 
 from protos.llmserve.executor.v1 import executor_pb2 as pb
+from llmserve.limits import MAX_GRAMMAR_BYTES
 from step_protocol.domain import ExecutorInfo, SamplerParams
 
 _INT_RANGES = {
@@ -79,3 +80,5 @@ def check_sampler(p: SamplerParams, info: ExecutorInfo) -> None:
     for field in ("logprobs", "prompt_logprobs"):
         need(-1 <= getattr(p, field) <= info.max_logprobs, field,
              f"need -1 to max_logprobs {info.max_logprobs}")
+    if len(p.grammar.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
+        raise SamplerParamsError("grammar", f"has {len(p.grammar)} characters: more than {MAX_GRAMMAR_BYTES} bytes")

@@ -26,11 +26,12 @@ class SampleStep:
     need_processors: bool = False  # some row uses a logits processor
     need_penalties: bool = False  # some row needs its generated-token counts kept
     num_logprobs: int = -1  # -1: no row wants logprobs; else the most top-k asked
+    need_masks: bool = False  # some row samples under a grammar's mask (structured outputs)
 
     @property
     def plain(self) -> bool:
-        """No processor and no top-k / top-p: what the captured sample graph does."""
-        return not (self.need_processors or self.need_top_k_top_p)
+        """No processor, no top-k / top-p, no mask: what the captured sample graph does."""
+        return not (self.need_processors or self.need_top_k_top_p or self.need_masks)
 
 
 class SampleInputs:
@@ -79,7 +80,8 @@ class SampleInputs:
         cutting = (top_k > 0) | (top_p < 1.0)
         return SampleStep(n, all_greedy=not temps.any(), need_top_k_top_p=bool((cutting & (temps > 0)).any()),
                           need_processors=need_processors, need_penalties=bool(state.uses_penalties[rows].any()),
-                          num_logprobs=int(state.logprobs[rows].max(initial=-1)))
+                          num_logprobs=int(state.logprobs[rows].max(initial=-1)),
+                          need_masks=bool(state.uses_grammar[rows].any()))
 
     def pad(self, num_sample: int, to: int) -> None:
         """Rows num_sample..to of a padded graph sample into the scratch row (max_num_seqs)."""

@@ -44,6 +44,7 @@ class SamplingRows:
         self.min_pos = np.zeros(s, dtype=np.int64)  # stop ids masked while position < min_pos
         self.uses_processors = np.zeros(s, dtype=bool)
         self.uses_penalties = np.zeros(s, dtype=bool)  # needs its generated-token counts
+        self.uses_grammar = np.zeros(s, dtype=bool)  # structured outputs: sampled under a mask (grammar.py)
         self.logprobs = np.full(s, -1, dtype=np.int64)  # -1 none, k >= 0: top-k
         self.prompt_logprobs = np.full(s, -1, dtype=np.int64)
         self.prompt_len = np.zeros(s, dtype=np.int64)
@@ -65,6 +66,7 @@ class SamplingRows:
         self.frequency[row], self.repetition[row] = s.frequency_penalty, s.repetition_penalty
         self.min_pos[row] = prompt_len + s.min_tokens
         self.uses_processors[row], self.uses_penalties[row] = s.uses_processors, s.uses_penalties
+        self.uses_grammar[row] = bool(s.grammar)
         self.logprobs[row], self.prompt_logprobs[row] = s.logprobs, s.prompt_logprobs
         self.prompt_len[row] = prompt_len
         t = self.tables

@@ -1,7 +1,8 @@
 """The Sampler: owns every per-row sampling state of the executor and samples a step's rows.
 
 What it owns, by persistent row: the requests' sampling parameters and logits processors'
-state (rows.py), the rows' last sampled tokens on the device (the next decode inputs, read by
+state (rows.py), their grammars (grammar.py: structured outputs), the rows' last sampled tokens
+on the device (the next decode inputs, read by
 the model's forward and the graphs; written here and, for verify rows, through store_last),
 and per step: its static inputs (inputs.py), its captured graphs (graphs.py, CUDA decode
 steps) and the pinned host buffers the sampled ids are copied into. The runner tells it which
@@ -13,17 +14,20 @@ step replays identically and can live inside a CUDA graph.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from executor_svc.sample.grammar import GrammarRows
 from executor_svc.sample.graphs import SamplerGraphs
 from executor_svc.sample.inputs import SampleInputs, SampleStep
 from executor_svc.sample.logits_processors import apply_processors, compute_logprobs, count_tokens
 from executor_svc.sample.logprobs import PendingLogprobs, PromptLogprobRows, prompt_logprob_rows
 from executor_svc.sample.ops import SamplingTensors, sample
 from executor_svc.sample.rows import SamplingRows
+from executor_svc.worker.host_device import to_device, to_host
 from step_protocol.domain import NewRequestData
 
 
@@ -35,15 +39,27 @@ class Sampled:
     logprobs: PendingLogprobs | None
 
 
+@dataclass
+class _Unconsumed:
+    """Tokens sampled by constrained rows that their matchers have not consumed yet."""
+
+    rows: np.ndarray  # [M] persistent rows
+    epochs: np.ndarray  # [M] the rows' grammar epochs then (a row given to another request is passed over)
+    host: torch.Tensor  # [M] their sampled ids (pinned host on CUDA)
+    ready: torch.cuda.Event | None  # recorded after their copy (None on CPU: copied already)
+
+
 class Sampler:
     """Samples the rows of a step. rows: their sampling state; inputs: the step's static
     columns; last_tokens: [max_num_seqs + 1] int64 device, the rows' last sampled tokens (the
     extra row is scratch for padded graph rows); graphs: the captured sampler graphs (None:
-    always eager, and on CPU)."""
+    always eager, and on CPU); grammar: the rows' grammars (None: a request with one fails)."""
 
     def __init__(self, rows: SamplingRows, inputs: SampleInputs, last_tokens: torch.Tensor,
-                 graphs: SamplerGraphs | None = None):
+                 graphs: SamplerGraphs | None = None, grammar: GrammarRows | None = None):
         self.rows, self.inputs, self.last_tokens, self.graphs = rows, inputs, last_tokens, graphs
+        self.grammar = grammar
+        self._unconsumed: deque[_Unconsumed] = deque()
         device = last_tokens.device
         # ids sampled by a step, copied here (pinned, one per step parity) and read after its event
         self._host = [torch.zeros(inputs.max_num_seqs, dtype=torch.int64, pin_memory=device.type == "cuda")
@@ -54,18 +70,32 @@ class Sampler:
 
     def add_request(self, row: int, new: NewRequestData) -> None:
         """Sets up the sampling state of a request that was just given `row` (checked sizes)."""
+        grammar = new.sampler_params.grammar
+        if grammar and self.grammar is None:
+            raise ValueError("this executor applies no grammars (structured outputs)")
         self.rows.add(row, new)
+        if self.grammar is not None:
+            self.grammar.add(row, grammar, list(new.token_ids[new.prompt_len:]))
 
     def remove(self, row: int) -> None:
         """Forgets a row's request: it asks for nothing until the next add_request (whose
         writes cover every field; a stale bias / stop table is reset there)."""
         r = self.rows
         r.logprobs[row] = r.prompt_logprobs[row] = -1
+        r.uses_grammar[row] = False
+        if self.grammar is not None:
+            self.grammar.remove(row)
 
     def reset(self) -> None:
         """Every row forgotten (the runner's reset)."""
-        self.rows.logprobs[:] = -1
-        self.rows.prompt_logprobs[:] = -1
+        for row in range(self.inputs.max_num_seqs):
+            self.remove(row)
+        self._unconsumed.clear()
+
+    def take_failures(self, req_of_row) -> list[tuple[int, str]]:
+        """(req_id, why) of the requests whose grammar failed since the last call (their row
+        samples only EOS until it is forgotten). req_of_row(row) -> req_id or None."""
+        return self.grammar.take_failures(req_of_row) if self.grammar is not None else []
 
     # ---- per step ---------------------------------------------------------------------------
 
@@ -108,17 +138,45 @@ class Sampler:
             if step.need_processors:
                 processed = (graphs.processors(graph_size, n) if graphs is not None
                              else apply_processors(logits, self.inputs.processor_params(n), tables))
+            if step.need_masks:  # after the last step's tokens are consumed (grammar.py, "When")
+                self._catch_up()
+                processed = self.grammar.apply(processed, self.grammar.fill(self.inputs.rows.np[:n]))
             sampled = sample(processed, self.inputs.tensors(n, step.all_greedy, step.need_top_k_top_p))
             self.last_tokens.index_copy_(0, rows, sampled)
         if step.need_penalties:
             count_tokens(tables.counts, rows, sampled)
         host = self._host[self._parity][:n]
         host.copy_(sampled, non_blocking=True)
+        if step.need_masks:
+            self._keep_unconsumed(sampled, n)
         if step.num_logprobs < 0:
             return Sampled(host, None)
         lp = (graphs.logprobs(graph_size, sampled) if graphs is not None
               else compute_logprobs(logits, sampled, step.num_logprobs))
         return Sampled(host, PendingLogprobs(lp, step.num_logprobs))
+
+    def _keep_unconsumed(self, sampled: torch.Tensor, n: int) -> None:
+        """Keeps the constrained rows' tokens of this step (their own pinned copy: the step's
+        host buffer is reused two steps later) for the next masked step's catch-up."""
+        rows = self.inputs.rows.np[:n]
+        index = np.flatnonzero(self.rows.uses_grammar[rows])
+        host = to_host(sampled[to_device(index, sampled.device)])
+        ready = None
+        if sampled.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        self._unconsumed.append(_Unconsumed(rows[index].copy(), self.grammar.epoch[rows[index]].copy(), host, ready))
+
+    def _catch_up(self) -> None:
+        """Advances the matchers over every constrained token sampled by earlier steps, in
+        launch order (waits for those steps' copies: the forward of this step is enqueued)."""
+        while self._unconsumed:
+            u = self._unconsumed.popleft()
+            if u.ready is not None:
+                u.ready.synchronize()
+            same = self.grammar.epoch[u.rows] == u.epochs
+            tokens = [t for t, keep in zip(u.host.tolist(), same.tolist()) if keep]
+            self.grammar.catch_up(u.rows[same], tokens)
 
     def store_last(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
         """Overwrites the last tokens of `rows` (device [S] each): a verify row's final token

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from executor_svc.model_loader import checks as model_checks, safetensors as loa
 from executor_svc.models.attention import AttentionMetadata
 from executor_svc.models.llama import LlamaForCausalLM
 from executor_svc.parallel.state import SINGLE, TensorParallel
+from executor_svc.sample.grammar import GrammarRows
 from executor_svc.sample.graphs import SamplerGraphs
 from executor_svc.sample.inputs import SampleInputs
 from executor_svc.sample.rows import SamplingRows
@@ -99,7 +101,9 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE, workers=No
         max_num_batched_tokens=config.max_num_batched_tokens, device=device.type, dtype=config.dtype,
         max_logprobs=max_logprobs, max_logit_bias=MAX_LOGIT_BIAS,
         max_min_tokens_stop_ids=MAX_MIN_TOKENS_STOP_IDS, draft_model_path=str(draft_path or ""))
-    sampler = Sampler(sampling, sample_inputs, last_tokens, sampler_graphs)
+    grammar = GrammarRows(config.max_num_seqs, args.vocab_size, info.eos_token_ids,
+                          Path(model_path) / "tokenizer.json", device)  # structured outputs
+    sampler = Sampler(sampling, sample_inputs, last_tokens, sampler_graphs, grammar)
     ranks = None
     if tp.size > 1:
         from executor_svc.parallel.ranks import TensorParallelRanks

@@ -187,6 +187,9 @@ class ModelRunner:
                 self.ranks.share_last_tokens(last)  # the deciding rank's, once final
             if prompt_rows is not None:
                 handle.prompt_logprobs = prompt_logprobs(self.model.compute_logits, hidden, prompt_rows)
+            for req_id, why in self.sampler.take_failures(self._req_of_row):  # their grammar failed
+                out.failed_req_ids.append(req_id)
+                out.failed_errors.append(why)
             timer.mark()  # after the copies to the host: the step's completion event
         except BaseException:
             if self._stream is not None:  # copies out of this host set may still be pending
@@ -222,6 +225,10 @@ class ModelRunner:
                 out.prompt_logprobs = handle.prompt_logprobs.result()
             handle.finished = True
             return out
+
+    def _req_of_row(self, row: int) -> int | None:
+        state = self.batch.states[row]
+        return None if state is None else state.req_id
 
     def _apply(self, plan: StepPlan, give_back: list[tuple[int, int]]) -> Admitted:
         """Gives back rejected drafts' slots, then checks and applies the plan (plan_apply.py:

@@ -130,11 +130,11 @@ def _check_drafts(plan: StepPlan, rows: np.ndarray, n: np.ndarray, batch: InputB
         raise RowError(c.req_ids[owner], f"cached request {c.req_ids[owner]}: draft token id "
                        f"{ids[outside[0]]} is outside the vocabulary (0 to {info.vocab_size - 1})")
     bad = np.flatnonzero((d > 0) & ((n != d + 1) | (batch.num_computed[rows] + 1 < batch.num_known[rows])
-                                    | rs.uses_processors[rows] | (rs.logprobs[rows] >= 0)))
+                                    | rs.uses_processors[rows] | (rs.logprobs[rows] >= 0) | rs.uses_grammar[rows]))
     if len(bad):
         i = int(bad[0])
         raise RowError(c.req_ids[i], f"cached request {c.req_ids[i]}: {d[i]} drafts need a decode "
-                       f"row of {d[i] + 1} tokens without logits processors or logprobs")
+                       f"row of {d[i] + 1} tokens without logits processors, logprobs or a grammar")
     return d
 
 

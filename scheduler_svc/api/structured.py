@@ -17,12 +17,6 @@ from scheduler_svc.api.validation import invalid
 from scheduler_svc.core.tokenizer import Tokenizer
 from scheduler_svc.messages import RequestError
 
-# Until the executor masks with them, a request with a constraint is refused after it validated
-# rather than generated unconstrained; the executor's side turns this on.
-APPLIED_BY_EXECUTOR = False
-NOT_APPLIED = "structured outputs are validated but not yet applied by the executor"
-
-
 def request_error(e: ConstraintError) -> RequestError:
     """The refusal a client gets: 429 / RESOURCE_EXHAUSTED when the compiler is busy (retry
     later), else 400 / INVALID_ARGUMENT naming the field."""
@@ -52,9 +46,6 @@ class GrammarCheck:
             raise request_error(self.compiler.timed_out(constraint)) from None
         except ConstraintError as e:
             raise request_error(e) from None
-        if not APPLIED_BY_EXECUTOR:
-            raise invalid(f"{NOT_APPLIED}: {constraint.param} compiled, but is refused rather than "
-                          "ignored until they are; send the request without it", constraint.param)
 
     def close(self) -> None:
         self.compiler.close()

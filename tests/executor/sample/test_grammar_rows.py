@@ -1,0 +1,133 @@
+"""Structured outputs on the executor (sample/grammar.py through the runner, CPU): every sampled
+token follows the row's grammar, pipelined launches advance the matchers in order, greedy output
+under a grammar equals the unconstrained output wherever that output satisfies it, a preempted
+request resumes its grammar, and a grammar that cannot be used fails its request alone."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from tokenizers import Tokenizer
+
+from llmserve.structured import choice, regex, to_grammar
+from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
+from tests.executor.conftest import decode_rows, make_runner
+
+PROMPT = [5, 17, 99, 3, 250, 8]
+
+
+@pytest.fixture(scope="module")
+def runner(model_dirs):
+    return make_runner(model_dirs["tiny-llama"])
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dirs):
+    return Tokenizer.from_file(str(model_dirs["tiny-llama"] / "tokenizer.json"))
+
+
+def generate(runner, params: SamplerParams, steps: int, req_id: int = 1, ahead: bool = False,
+             prompt: list[int] = PROMPT) -> list[int]:
+    """Tokens of one request over `steps` steps (ahead: each step launched before the last one is
+    finished, as the pipeline does); stops after EOS."""
+    runner.reset()
+    eos = set(runner.info().eos_token_ids)
+    out = runner.execute(StepPlan(0, [NewRequestData(req_id, prompt, params, [1, 2, 3, 4], 0, len(prompt))]))
+    tokens = [out.sampled()[req_id]]
+    pending = []
+    for step in range(1, steps):
+        if tokens[-1] in eos:
+            break
+        pending.append(runner.launch(StepPlan(step, cached_requests=decode_rows([req_id]))))
+        if not ahead or len(pending) == 2:
+            result = runner.finish(pending.pop(0))
+            assert not result.failed_req_ids, result.failed_errors
+            tokens.append(result.sampled()[req_id])
+    for handle in pending:
+        tokens.append(runner.finish(handle).sampled()[req_id])
+    runner.reset()
+    return tokens
+
+
+def text_of(tokenizer, tokens: list[int], eos: set[int]) -> str:
+    return tokenizer.decode([t for t in tokens if t not in eos], skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sampled_tokens_follow_a_regex(runner, tokenizer, ahead, seed):
+    grammar = to_grammar(regex(r"[0-9]{2,4}-[a-c]+", "regex"))
+    params = SamplerParams(temperature=1.0, seed=seed, grammar=grammar)
+    tokens = generate(runner, params, 40, ahead=ahead)
+    eos = set(runner.info().eos_token_ids)
+    assert tokens[-1] in eos  # the grammar ended the output
+    assert re.fullmatch(r"[0-9]{2,4}-[a-c]+", text_of(tokenizer, tokens, eos))
+
+
+def test_a_choice_is_one_of_the_choices(runner, tokenizer):
+    options = ["alpha", "beta gamma", "delta"]
+    eos = set(runner.info().eos_token_ids)
+    for seed in range(4):
+        params = SamplerParams(temperature=1.0, seed=seed, grammar=to_grammar(choice(options, "choice")))
+        assert text_of(tokenizer, generate(runner, params, 30, ahead=True), eos) in options
+
+
+def test_greedy_under_a_grammar_it_satisfies_equals_greedy_without(runner, tokenizer):
+    """The unconstrained greedy tokens, as far as each decodes to whole characters on its own
+    (a byte-level token of half a character has no text to write a regex of), then the same
+    request under the regex of exactly that text: the same tokens, then EOS."""
+    eos = set(runner.info().eos_token_ids)
+    checked = 0
+    for first in range(5, 60):
+        prompt = [first, *PROMPT[1:]]
+        clean = []
+        for t in generate(runner, SamplerParams(), 8, prompt=prompt):
+            piece = tokenizer.decode([t], skip_special_tokens=False)
+            if t in eos or not piece or "\ufffd" in piece or (piece.startswith("<") and tokenizer.token_to_id(piece) == t):
+                break  # EOS, half a character, or a special token's name
+            clean.append(t)
+        if len(clean) < 3:
+            continue
+        text = tokenizer.decode(clean, skip_special_tokens=False)
+        grammar = to_grammar(regex(re.escape(text), "regex"))
+        constrained = generate(runner, SamplerParams(grammar=grammar), 12, prompt=prompt)
+        assert constrained[:len(clean)] == clean and constrained[len(clean)] in eos, (first, text)
+        checked += 1
+        if checked == 3:
+            break
+    assert checked == 3
+
+
+def test_a_preempted_request_resumes_its_grammar(runner, tokenizer):
+    grammar = to_grammar(regex(r"[0-9]{6}", "regex"))
+    params = SamplerParams(temperature=1.0, seed=5, grammar=grammar)
+    whole = generate(runner, params, 10)
+    runner.reset()
+    out = runner.execute(StepPlan(0, [NewRequestData(1, PROMPT, params, [1, 2, 3, 4], 0, len(PROMPT))]))
+    first = [out.sampled()[1], runner.execute(StepPlan(1, cached_requests=decode_rows([1]))).sampled()[1]]
+    # preempted after two tokens, sent again with them (recomputed from the prompt)
+    again = NewRequestData(1, PROMPT + first, params, [5, 6, 7, 8], 0, len(PROMPT) + 2, len(PROMPT))
+    rest = [runner.execute(StepPlan(2, [again], preempted_req_ids=[1])).sampled()[1]]
+    eos = set(runner.info().eos_token_ids)
+    for step in range(3, 12):
+        if rest[-1] in eos:
+            break
+        rest.append(runner.execute(StepPlan(step, cached_requests=decode_rows([1]))).sampled()[1])
+    runner.reset()
+    assert first + rest == whole and re.fullmatch(r"[0-9]{6}", text_of(tokenizer, whole, eos))
+
+
+def test_a_grammar_that_cannot_be_used_fails_its_request_alone(runner):
+    runner.reset()
+    bad = SamplerParams(grammar="start: this is not ((( a grammar")
+    plan = StepPlan(0, [NewRequestData(1, PROMPT, bad, [1, 2], 0, len(PROMPT)),
+                        NewRequestData(2, PROMPT, SamplerParams(), [3, 4], 0, len(PROMPT))])
+    out = runner.execute(plan)
+    assert out.failed_req_ids == [1] and "grammar" in out.failed_errors[0]
+    assert set(out.sampled()) == {1, 2}  # it ran this step (EOS only); the scheduler aborts it
+    eos = set(runner.info().eos_token_ids)
+    assert out.sampled()[1] in eos
+    again = runner.execute(StepPlan(1, cached_requests=decode_rows([1, 2])))
+    assert not again.failed_req_ids and again.sampled()[1] in eos  # reported once, EOS only
+    runner.reset()
