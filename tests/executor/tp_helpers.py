@@ -37,7 +37,7 @@ def _rank_main(rank: int, size: int, port: int, fn, args, queue) -> None:
 
 
 # What every rank imports, loaded once into the fork server (the forkserver context's preload).
-_PRELOAD = ["torch", "torch.distributed", __name__, "tests.executor.conftest", "executor_svc.parallel.runner",
+_PRELOAD = ["torch", "torch.distributed", __name__, "tests.executor.conftest", "executor_svc.parallel.ranks",
             "executor_svc.model_loader.safetensors"]
 
 
