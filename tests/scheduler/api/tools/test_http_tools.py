@@ -166,8 +166,6 @@ def test_tokenize_takes_no_tool_turns(plain):
 
 @pytest.mark.parametrize("kw, param", [
     ({}, "tool_choice"),  # auto by default: needs --enable-auto-tool-choice
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "get weather"}}], "tool_choice": "none"}, "tools.0.function.name"),
     ({"tools": [{"type": "retrieval"}], "tool_choice": "none"}, "tools.0.type"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
