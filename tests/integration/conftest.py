@@ -38,8 +38,11 @@ def start_cluster(tmp_path_factory, model, name, executor_args=(), scheduler_arg
                    scheduler_args, http=http)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def llama_cluster(model_dirs, tmp_path_factory):
+    """Both services on the tiny llama, every flag at its default, one for the package (a start
+    and a stop cost ~8 s on 2 cores): the modules that need no other flag share it. A test that
+    restarts, stops or hangs a service, reads its log lines or measures its memory starts its own."""
     c = start_cluster(tmp_path_factory, model_dirs["llama"], "llama")
     yield c
     c.stop()

@@ -26,8 +26,9 @@ def _run_concurrently(stub, prompts, max_tokens, **params):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_greedy_matches_transformers_in_shared_batches(arch, model_dirs, hf_greedy, tmp_path_factory):
-    cluster = start_cluster(tmp_path_factory, model_dirs[arch], arch)
+def test_greedy_matches_transformers_in_shared_batches(arch, model_dirs, hf_greedy, tmp_path_factory, request):
+    own = arch != "llama"  # llama with every flag at its default: the package's cluster
+    cluster = start_cluster(tmp_path_factory, model_dirs[arch], arch) if own else request.getfixturevalue("llama_cluster")
     try:
         prompts = _prompts(6, seed=1)
         max_tokens = [5, 17, 9, 24, 12, 30]
@@ -36,7 +37,8 @@ def test_greedy_matches_transformers_in_shared_batches(arch, model_dirs, hf_gree
             assert ids == hf_greedy(arch, p, m)
         assert cluster.wait_idle().free_blocks == cluster.status().total_blocks
     finally:
-        cluster.stop()
+        if own:
+            cluster.stop()
 
 
 def test_preemption_keeps_outputs_exact(model_dirs, hf_greedy, tmp_path_factory):

@@ -11,16 +11,13 @@ the values with transformers is the executor's tests' job."""
 import pytest
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
-from tests.integration.conftest import start_cluster
 
 PROMPT = [(13 * i) % 450 + 4 for i in range(37)]
 
 
 @pytest.fixture(scope="module")
-def cluster(model_dirs, tmp_path_factory):
-    c = start_cluster(tmp_path_factory, model_dirs["llama"], "logprobs")
-    yield c
-    c.stop()
+def cluster(llama_cluster):
+    return llama_cluster  # the package's: every flag at its default (tests/integration/conftest.py)
 
 
 def _stream(cluster, prompt=PROMPT, **params):

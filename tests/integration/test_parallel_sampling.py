@@ -9,17 +9,14 @@ import pytest
 
 from benchmarks.cluster import generate
 from protos.llmserve.v1 import llmserve_pb2 as pb
-from tests.integration.conftest import start_cluster
 
 PROMPT = [(7 * i) % 400 + 3 for i in range(40)]  # 2 full blocks of 16 before its last token
 SAMPLED = dict(max_tokens=8, temperature=1.0, seed=1234, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def cluster(model_dirs, tmp_path_factory):
-    c = start_cluster(tmp_path_factory, model_dirs["llama"], "parallel-sampling")
-    yield c
-    c.stop()
+def cluster(llama_cluster):
+    return llama_cluster  # the package's: every flag at its default (tests/integration/conftest.py)
 
 
 def _request(prompt=PROMPT, **params) -> pb.GenerateRequest:

@@ -5,14 +5,11 @@ import pytest
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from benchmarks.cluster import generate
-from tests.integration.conftest import start_cluster
 
 
 @pytest.fixture(scope="module")
-def cluster(model_dirs, tmp_path_factory):
-    c = start_cluster(tmp_path_factory, model_dirs["llama"], "sampling-surface")
-    yield c
-    c.stop()
+def cluster(llama_cluster):
+    return llama_cluster  # the package's: every flag at its default (tests/integration/conftest.py)
 
 
 def test_detokenize_round_trips_tokenize(cluster):

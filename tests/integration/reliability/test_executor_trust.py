@@ -12,17 +12,14 @@ from benchmarks.cluster import generate
 from protos.llmserve.executor.v1 import executor_pb2 as epb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as epb_grpc
 from protos.llmserve.v1 import llmserve_pb2 as pb
-from tests.integration.conftest import start_cluster
 
 PROMPT = [5, 17, 42, 99, 123, 7, 8, 250]
 MAX_TOKENS = 256  # long enough that the attacks below land while the victim still decodes
 
 
 @pytest.fixture(scope="module")
-def cluster(model_dirs, tmp_path_factory):
-    c = start_cluster(tmp_path_factory, model_dirs["llama"], "trust")
-    yield c
-    c.stop()
+def cluster(llama_cluster):
+    return llama_cluster  # the package's: every flag at its default (tests/integration/conftest.py)
 
 
 def _hostile_plan(step_id: int) -> epb.StepPlan:
