@@ -40,7 +40,6 @@ class GrammarRows:
     def __init__(self, max_num_seqs: int, vocab_size: int, eos_token_ids: tuple[int, ...],
                  tokenizer_json: Path | None, device: torch.device):
         self.vocab_size, self.eos_token_ids, self._tokenizer_json = vocab_size, eos_token_ids, tokenizer_json
-        self.uses = np.zeros(max_num_seqs, dtype=bool)  # the row's request has a grammar
         self.epoch = np.zeros(max_num_seqs, dtype=np.int64)  # bumped when the row changes hands
         self._pending: list[Future | None] = [None] * max_num_seqs  # compiling
         self._replay: list[list[int]] = [[] for _ in range(max_num_seqs)]  # tokens generated before a preemption
@@ -55,7 +54,6 @@ class GrammarRows:
     def add(self, row: int, grammar: str, generated: list[int]) -> None:
         """Starts compiling a new request's grammar ("" = none); `generated`: its tokens sampled
         before a preemption, consumed before its first mask."""
-        self.uses[row] = bool(grammar)
         self.epoch[row] += 1
         self._matchers[row], self._pending[row] = None, None
         self._failed.pop(row, None)
@@ -64,7 +62,6 @@ class GrammarRows:
             self._replay[row] = list(generated)
 
     def remove(self, row: int) -> None:
-        self.uses[row] = False
         self.epoch[row] += 1
         self._matchers[row] = self._pending[row] = None
         self._failed.pop(row, None)
@@ -77,20 +74,22 @@ class GrammarRows:
             if matcher is not None and row not in self._failed and not matcher.consume([token]):
                 self._fail(row, f"the grammar refused token {token}: {matcher.error or 'not allowed here'}")
 
-    def fill(self, rows: np.ndarray) -> torch.Tensor:
-        """The masks of the sampled rows `rows` (persistent rows, by sample index; rows without
-        a grammar allow everything) -> [N, words] int32 on the device (copied non-blocking)."""
+    def fill(self, rows: np.ndarray, constrained: np.ndarray) -> torch.Tensor:
+        """The masks of the sampled rows `rows` (persistent rows, by sample index; constrained:
+        [N] bool, which of them have a grammar — SamplingRows.uses_grammar; the others allow
+        everything) -> [N, words] int32 on the device (copied non-blocking)."""
         from llmserve.structured.matcher import BatchMasks
 
         n = len(rows)
         host = self.masks.np[:n]
         host.fill(-1)
         jobs = []
-        for i, row in enumerate(rows.tolist()):
-            matcher = self._matcher(row) if self.uses[row] else None
+        for i in np.flatnonzero(constrained).tolist():
+            row = int(rows[i])
+            matcher = self._matcher(row)
             if matcher is not None and row not in self._failed:
                 jobs.append((matcher, i))
-            elif self.uses[row]:  # failed, or no matcher: EOS only
+            else:  # failed, or no matcher: EOS only
                 host[i] = 0
                 for eos in self.eos_token_ids:
                     host[i, eos >> 5] |= np.int32(np.uint32(1 << (eos & 31)).view(np.int32))

@@ -140,7 +140,9 @@ class Sampler:
                              else apply_processors(logits, self.inputs.processor_params(n), tables))
             if step.need_masks:  # after the last step's tokens are consumed (grammar.py, "When")
                 self._catch_up()
-                processed = self.grammar.apply(processed, self.grammar.fill(self.inputs.rows.np[:n]))
+                step_rows = self.inputs.rows.np[:n]
+                masks = self.grammar.fill(step_rows, self.rows.uses_grammar[step_rows])
+                processed = self.grammar.apply(processed, masks)
             sampled = sample(processed, self.inputs.tensors(n, step.all_greedy, step.need_top_k_top_p))
             self.last_tokens.index_copy_(0, rows, sampled)
         if step.need_penalties:
