@@ -20,6 +20,7 @@ from benchmarks.cluster import ROOT, free_port
 from llmserve.flags import scheduler_has_http_api
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+from tests.integration.conftest import CPU_EXECUTOR
 from tests.integration.reliability.test_tls_auth import certs  # noqa: F401 (a fixture: a test CA, server and client)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -88,7 +89,7 @@ def test_llmserve_with_vllm_flags_streams_and_stops_on_sigterm(model_dirs, tmp_p
            "--max-model-len", "256", "--block-size", "32", "--served-model-name", "tiny-served",
            "--dtype", "float32", "--no-enable-prefix-caching", "--port", str(port),
            "--executor-port", str(free_port()), "--http-port", str(http_port),
-           "--executor-args", "--device cpu", "--api-key", KEY,
+           "--executor-args", " ".join(CPU_EXECUTOR), "--api-key", KEY,
            "--ssl-certfile", str(certs / "server.pem"), "--ssl-keyfile", str(certs / "server.key")]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.cluster import ROOT
 from protos.llmserve.v1 import llmserve_pb2 as pb
-from tests.integration.conftest import start_cluster
+from tests.integration.conftest import CPU_EXECUTOR, start_cluster
 from tests.integration.reliability.test_tls_auth import TlsCluster, certs  # noqa: F401 (certs: a fixture)
 
 EXAMPLE = ROOT / "docs" / "examples" / "node"
@@ -108,7 +108,7 @@ def test_node_cannot_reach_a_server_that_is_not_there(cluster):
 
 
 def test_node_over_tls_with_a_ca_bundle(model_dirs, tmp_path, certs):  # noqa: F811
-    tls = TlsCluster(model_dirs["llama"], tmp_path / "logs", ["--device", "cpu"],
+    tls = TlsCluster(model_dirs["llama"], tmp_path / "logs", CPU_EXECUTOR,
                      ["--ssl-certfile", str(certs / "server.pem"), "--ssl-keyfile", str(certs / "server.key")],
                      root_certificates=(certs / "ca.pem").read_bytes())
     try:

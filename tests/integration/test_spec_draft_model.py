@@ -27,6 +27,7 @@ from llmserve.speculative import SpecDecodeConfig
 from scheduler_svc.core.request import Request, SamplingParams
 from scheduler_svc.core.scheduler import Scheduler, SchedulerCoreConfig
 from scheduler_svc.engine.step_loop import StepLoop
+from tests.integration.conftest import CPU_EXECUTOR
 from tests.integration.test_spec_decode import generate, prompts_for
 
 SMALL = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -196,7 +197,7 @@ def test_a_scheduler_asking_for_a_draft_model_the_executor_lacks_exits(model_dir
     executor_port, scheduler_port = free_ports(2)
     log = open(tmp_path / "executor.log", "w")
     executor = subprocess.Popen([sys.executable, "-m", "executor_svc", "--model", str(model_dirs["llama"]),
-                                 "--device", "cpu", "--port", str(executor_port)],
+                                 *CPU_EXECUTOR, "--port", str(executor_port)],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         text = json.dumps({"model": str(model_dirs["llama"]), "num_speculative_tokens": 3})

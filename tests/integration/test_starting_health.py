@@ -16,6 +16,7 @@ from benchmarks.cluster import ROOT, free_ports, generate
 from llmserve.launcher import services_env
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
+from tests.integration.conftest import CPU_KV
 
 
 def _health(channel) -> int | None:
@@ -55,7 +56,7 @@ def test_not_serving_while_the_executor_starts_then_serving(model_dirs, tmp_path
             assert e.code() == grpc.StatusCode.UNAVAILABLE and "starting" in e.details()
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "executor_svc", "--model", str(model_dirs["llama"]),
-             "--port", str(executor_port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+             "--port", str(executor_port), *CPU_KV], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT))
         seen = set()
 

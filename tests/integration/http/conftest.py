@@ -5,6 +5,7 @@ import pytest
 
 from benchmarks.cluster import Cluster
 from executor_svc.model_loader.random_model import build_random_model
+from tests.integration.conftest import CPU_EXECUTOR
 
 API_KEY = "test-http-key"
 AUTH = (("authorization", f"Bearer {API_KEY}"),)
@@ -17,7 +18,7 @@ def model_folder(tmp_path_factory):
 
 @pytest.fixture(scope="package")
 def cluster(model_folder, tmp_path_factory):
-    c = Cluster(model_folder, tmp_path_factory.mktemp("logs-http"), ["--device", "cpu"],
+    c = Cluster(model_folder, tmp_path_factory.mktemp("logs-http"), CPU_EXECUTOR,
                 ["--api-key", API_KEY, "--enable-tokenizer-info-endpoint"], http=True)
     yield c
     c.stop()

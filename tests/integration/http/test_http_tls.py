@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.cluster import free_port
 from executor_svc.model_loader.random_model import build_random_model
+from tests.integration.conftest import CPU_EXECUTOR
 from tests.integration.reliability.test_tls_auth import TlsCluster, certs  # noqa: F401 (fixture)
 
 
@@ -17,7 +18,7 @@ from tests.integration.reliability.test_tls_auth import TlsCluster, certs  # noq
 def tls_cluster(tmp_path_factory, certs):  # noqa: F811
     model = build_random_model(tmp_path_factory.mktemp("https-model") / "llama", "tiny-llama", seed=0)
     port = free_port()
-    c = TlsCluster(model, tmp_path_factory.mktemp("logs-https"), ["--device", "cpu"],
+    c = TlsCluster(model, tmp_path_factory.mktemp("logs-https"), CPU_EXECUTOR,
                    ["--http-port", str(port), "--ssl-certfile", str(certs / "server.pem"),
                     "--ssl-keyfile", str(certs / "server.key")],
                    root_certificates=(certs / "ca.pem").read_bytes())

@@ -32,6 +32,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks.cluster import Cluster, generate
+from tests.integration.conftest import CPU_EXECUTOR
 from tests.integration.reliability.fuzz_corpus import GRPC_CASES, HTTP_CASES, GrpcCase, HttpCase
 from tests.integration.reliability.fuzz_judge import judge_grpc, judge_http, send_grpc, send_http
 
@@ -58,7 +59,7 @@ BATCH_SIZE = 48
 
 @pytest.fixture(scope="module")
 def cluster(model_dirs, tmp_path_factory):
-    c = Cluster(model_dirs["llama"], tmp_path_factory.mktemp("logs-fuzz-doors"), ["--device", "cpu"], http=True)
+    c = Cluster(model_dirs["llama"], tmp_path_factory.mktemp("logs-fuzz-doors"), CPU_EXECUTOR, http=True)
     yield c
     c.stop()
 

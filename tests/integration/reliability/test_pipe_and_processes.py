@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from benchmarks.cluster import ROOT, free_port, free_ports, generate
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
-from tests.integration.conftest import start_cluster
+from tests.integration.conftest import CPU_EXECUTOR, start_cluster
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 BACKLOG, FRAME = 200, 4096  # tokens a stream may hold unread; bytes of the largest pipe message
@@ -190,7 +190,7 @@ def _assert_group_gone(proc: subprocess.Popen) -> None:
 def test_llmserve_sigterm_exits_0_and_leaves_no_process(model_dirs, tmp_path):
     port, executor_port = free_ports(2)
     proc = _llmserve(["--model", str(model_dirs["llama"]), "--port", str(port),
-                      "--executor-port", str(executor_port), "--executor-args", "--device cpu"],
+                      "--executor-port", str(executor_port), "--executor-args", " ".join(CPU_EXECUTOR)],
                      tmp_path / "llmserve.log")
     try:
         _wait_until(lambda: _serving(port) or proc.poll() is not None, 120, "llmserve serves")

@@ -24,6 +24,7 @@ from benchmarks.cluster import Cluster, free_port
 from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from scheduler_svc.api.grpc.security import server_credentials
+from tests.integration.conftest import CPU_EXECUTOR
 
 API_KEY = "s3cret-key-for-tests"
 
@@ -105,7 +106,7 @@ class TlsCluster(Cluster):
 def cluster(model_dirs, tmp_path_factory, certs):
     os.environ["LLMSERVE_API_KEY"] = API_KEY  # read by the scheduler process (as vLLM reads VLLM_API_KEY)
     try:
-        c = TlsCluster(model_dirs["llama"], tmp_path_factory.mktemp("logs-tls"), ["--device", "cpu"],
+        c = TlsCluster(model_dirs["llama"], tmp_path_factory.mktemp("logs-tls"), CPU_EXECUTOR,
                        ["--ssl-certfile", str(certs / "server.pem"), "--ssl-keyfile", str(certs / "server.key")],
                        root_certificates=(certs / "ca.pem").read_bytes())
     finally:
