@@ -4,6 +4,7 @@ the token count as soon as it is known), then the ids and sampling parameters. N
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -46,7 +47,8 @@ def limits_of(engine: EngineClient, prefix_caching: bool) -> Limits:
 
 
 class Admission:
-    """Checks, tokenizes and validates new requests for one engine."""
+    """Checks, tokenizes and validates new requests for one engine: one per API process, shared
+    by its doors (one capacity count, one grammar compiler and cache)."""
 
     def __init__(self, engine: EngineClient, tokenize_pool: TokenizePool, sizes: SizeLimits,
                  max_waiting: int, prefix_caching: bool = True, grammars: GrammarCheck | None = None):
@@ -68,8 +70,12 @@ class Admission:
         check_prompt(prompt_ids, self.limits)
         params = build_sampling_params(raw, len(prompt_ids), self.limits)
         if params.constraint is not None:  # compiled off the loop, last: the costliest check
-            await self.grammars.check(params.constraint)
+            params = dataclasses.replace(params, grammar=await self.grammars.check(params.constraint))
         return prompt_ids, params
+
+    def close(self) -> None:
+        if self._grammars is not None:
+            self._grammars.close()
 
     @property
     def grammars(self) -> GrammarCheck:

@@ -16,7 +16,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from llmserve.structured.constraint import Constraint, ConstraintError
+from llmserve.structured.constraint import Constraint
 from scheduler_svc.api.validation import Limits, invalid
 from scheduler_svc.core.kv_cache_manager import max_blocks_needed
 from scheduler_svc.core.request import SamplingParams
@@ -118,8 +118,6 @@ def build_sampling_params(raw: RawParams, prompt_len: int, limits: Limits) -> Sa
         check_sampler(params.sampler_params(limits.eos_token_ids), limits)
     except SamplerParamsError as e:
         raise _refuse(e.field, f"cannot be run by the executor: {e}") from None
-    except ConstraintError as e:  # its grammar text (to_grammar) cannot be written: a GBNF syntax error
-        raise invalid(e.message, e.param) from None
     return params
 
 

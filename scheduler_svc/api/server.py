@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2
 
 from llmserve.logs import configure_logging
 from scheduler_svc.api import access_log
+from scheduler_svc.api.admission import Admission
 from scheduler_svc.api.engine_client import CoreStartError, EngineClient
 from scheduler_svc.api.grpc.handlers import SERVICE_NAME
 from scheduler_svc.api.grpc.public_server import start_public_server
@@ -71,7 +72,7 @@ async def _serve_ready(config: SchedulerConfig, engine: EngineClient, public, me
     serves until `stop` (True) or the core's loss past its restarts (False), then drains the
     servers. A core that dies is restarted by the engine client meanwhile (health follows)."""
     info = engine.info
-    pool = None
+    pool = admission = None
     watch = None
     http = None
     try:
@@ -79,8 +80,9 @@ async def _serve_ready(config: SchedulerConfig, engine: EngineClient, public, me
         tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained, config.tokenizer or info.model_path)
         pool = TokenizePool(tokenizer, config.tokenizer_pool_size, max_pending=config.max_waiting)
         sizes = SizeLimits.from_config(config)
-        public.serve_with(LLMServeServicer(engine, pool, sizes, info.model_name, config.max_waiting,
-                                           config.enable_prefix_caching),
+        # one admission for both doors: one capacity count, one grammar compiler and cache
+        admission = Admission(engine, pool, sizes, config.max_waiting, config.enable_prefix_caching)
+        public.serve_with(LLMServeServicer(admission, info.model_name),
                           sizes, info.max_model_len, info.max_logit_bias)
         watch = asyncio.create_task(_follow_executor_health(engine, public.health))
         if config.metrics_port:
@@ -88,7 +90,7 @@ async def _serve_ready(config: SchedulerConfig, engine: EngineClient, public, me
         if config.http_port:  # the OpenAI-compatible HTTP API, on the same engine and loop
             from scheduler_svc.api.http.serve import start_http
 
-            http = await start_http(config, engine, pool, tokenizer, metrics)
+            http = await start_http(config, admission, tokenizer, metrics)
         log.info("serving llmserve.v1.LLMServe on %s:%d (%s, %s)", config.host, config.port,
                  "TLS" if credentials else "plaintext",
                  "API key required" if config.api_key else "no API key")
@@ -103,6 +105,8 @@ async def _serve_ready(config: SchedulerConfig, engine: EngineClient, public, me
         if http is not None:
             await http.stop()
         await public.server.stop(grace=2.0)
+        if admission is not None:
+            admission.close()
         if pool is not None:
             pool.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from llmserve.limits import MAX_GRAMMAR_BYTES
 from llmserve.structured.compiler import CompileBusy, CompileLimits, GrammarCompiler, ll_tokenizer
 from llmserve.structured.constraint import Constraint, ConstraintError
 from scheduler_svc.api.validation import invalid
@@ -26,7 +27,8 @@ def request_error(e: ConstraintError) -> RequestError:
 
 
 class GrammarCheck:
-    """Compiles constraints for one tokenizer (one per API process: both doors share it). The
+    """Compiles constraints for one tokenizer (one per API process: both doors share it, through
+    their one Admission). The
     llguidance tokenizer is built by the compiler's first thread (~0.2-0.6 s for 49k ids);
     only verdicts are cached, not matchers (the executor builds its own)."""
 
@@ -37,15 +39,21 @@ class GrammarCheck:
 
         self.compiler = GrammarCompiler(build, limits, num_workers, keep_matchers=False)
 
-    async def check(self, constraint: Constraint) -> None:
-        """Returns once the constraint compiled; RequestError naming its field otherwise."""
+    async def check(self, constraint: Constraint) -> str:
+        """The constraint's llguidance grammar text (what the executor is sent: made once, by
+        the compile, off the loop) once it compiled; RequestError naming its field otherwise."""
         try:
             future = self.compiler.submit(constraint)
-            await asyncio.wait_for(asyncio.wrap_future(future), self.compiler.limits.timeout_s)
+            compiled = await asyncio.wait_for(asyncio.wrap_future(future), self.compiler.limits.timeout_s)
         except TimeoutError:  # the compile goes on in its thread; its verdict will be cached
             raise request_error(self.compiler.timed_out(constraint)) from None
         except ConstraintError as e:
             raise request_error(e) from None
+        size = len(compiled.grammar.encode("utf-8", "surrogatepass"))
+        if size > MAX_GRAMMAR_BYTES:  # the executor's bound (the constraint's own keep it far below)
+            raise invalid(f"{constraint.param} makes a grammar of {size} bytes, over the executor's "
+                          f"{MAX_GRAMMAR_BYTES}; simplify it", constraint.param)
+        return compiled.grammar
 
     def close(self) -> None:
         self.compiler.close()

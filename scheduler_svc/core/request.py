@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from llmserve.structured.constraint import Constraint, to_grammar
+from llmserve.structured.constraint import Constraint
 from step_protocol.domain import NewRequestData, SamplerParams
 
 
@@ -37,9 +37,11 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids distinct
     min_tokens: int = 0  # no stop condition but length ends the request before this many tokens
     # Structured outputs: what the text must match, validated and compiled for the served
-    # tokenizer at admission (api/structured.py); None = unconstrained. The executor masks
-    # with it (SamplerParams.grammar: llmserve.structured.to_grammar(constraint)).
+    # tokenizer at admission (api/structured.py); None = unconstrained. `grammar` is its
+    # llguidance grammar text, made once by that compile: the executor masks with it
+    # (SamplerParams.grammar).
     constraint: Constraint | None = None
+    grammar: str = ""
 
     def sampler_params(self, eos_token_ids: tuple[int, ...] = ()) -> SamplerParams:
         """The part the executor's sampler needs (sent once with the request). min_tokens
@@ -55,7 +57,7 @@ class SamplingParams:
             min_tokens=self.min_tokens, min_tokens_stop_ids=stop_ids,
             logprobs=-1 if self.logprobs is None else self.logprobs,
             prompt_logprobs=-1 if self.prompt_logprobs is None else self.prompt_logprobs,
-            grammar="" if self.constraint is None else to_grammar(self.constraint))
+            grammar=self.grammar)
 
 
 class RequestStatus(enum.Enum):

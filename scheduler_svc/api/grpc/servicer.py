@@ -17,11 +17,9 @@ from protos.llmserve.v1 import llmserve_pb2 as pb
 from protos.llmserve.v1 import llmserve_pb2_grpc as pb_grpc
 from scheduler_svc.api import access_log
 from scheduler_svc.api.admission import Admission
-from scheduler_svc.api.engine_client import EngineClient
 from scheduler_svc.api.grpc import codec
 from scheduler_svc.api.grpc.handlers import abort_with
-from scheduler_svc.api.tokenize_pool import TokenizePool
-from scheduler_svc.api.validation import SizeLimits, check_detokenize_ids, check_prompt_size, invalid
+from scheduler_svc.api.validation import check_detokenize_ids, check_prompt_size, invalid
 from scheduler_svc.messages import RequestError
 
 log = logging.getLogger("llmserve.api")
@@ -32,14 +30,13 @@ INLINE_MAX_LOGPROB_MESSAGES = 2048
 class LLMServeServicer(pb_grpc.LLMServeServicer):
     """Answers the public RPCs; all state lives in the engine."""
 
-    def __init__(self, engine: EngineClient, tokenize_pool: TokenizePool, sizes: SizeLimits,
-                 model_name: str, max_waiting: int, prefix_caching: bool = True):
-        self._engine = engine
-        self._pool = tokenize_pool
-        self._sizes = sizes
+    def __init__(self, admission: Admission, model_name: str):
+        self._admission = admission  # the API process's one (the HTTP door shares it)
+        self._engine = admission.engine
+        self._pool = admission.pool
+        self._sizes = admission.sizes
         self._model_name = model_name
-        self._admission = Admission(engine, tokenize_pool, sizes, max_waiting, prefix_caching)
-        self._limits = self._admission.limits
+        self._limits = admission.limits
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         request_id, record, prompt_ids, params = await self._admit(request, context)

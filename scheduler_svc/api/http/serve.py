@@ -12,11 +12,9 @@ import ssl
 import uvicorn
 
 from scheduler_svc.api.admission import Admission
-from scheduler_svc.api.engine_client import EngineClient
 from scheduler_svc.api.http.app import HttpContext, build_app
-from scheduler_svc.api.tokenize_pool import TokenizePool
 from scheduler_svc.api.tools.plan import ToolSettings
-from scheduler_svc.api.validation import SizeLimits, max_request_bytes
+from scheduler_svc.api.validation import max_request_bytes
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.tokenizer import Tokenizer
 
@@ -64,12 +62,12 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def start_http(config: SchedulerConfig, engine: EngineClient, pool: TokenizePool,
-                     tokenizer: Tokenizer, metrics=None) -> HttpServer:
-    """Binds --host:--http-port (SystemExit when it cannot) and serves until stop();
-    `metrics` (api.metrics.Metrics) answers GET /metrics."""
-    sizes = SizeLimits.from_config(config)
-    admission = Admission(engine, pool, sizes, config.max_waiting, config.enable_prefix_caching)
+async def start_http(config: SchedulerConfig, admission: Admission, tokenizer: Tokenizer,
+                     metrics=None) -> HttpServer:
+    """Binds --host:--http-port (SystemExit when it cannot) and serves until stop(), admitting
+    through the process's one Admission (the gRPC door's); `metrics` (api.metrics.Metrics)
+    answers GET /metrics."""
+    engine, sizes = admission.engine, admission.sizes
     ctx = HttpContext(admission, tokenizer, engine.info.model_name, config.api_key, metrics,
                       config.enable_tokenizer_info_endpoint, ToolSettings.from_config(config))
     max_body = JSON_EXPANSION * max_request_bytes(sizes, engine.info.max_model_len,

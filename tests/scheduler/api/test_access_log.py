@@ -76,10 +76,10 @@ def _run(tokenizer, calls):
         engine = FakeEngine()
         pool = TokenizePool(tokenizer, 1, max_pending=16)
         server = grpc.aio.server()
-        add_llmserve_servicer(LLMServeServicer(engine, pool, SizeLimits(), "tiny", 16), server)
+        admission = Admission(engine, pool, SizeLimits(), 16, True)  # both doors', as served
+        add_llmserve_servicer(LLMServeServicer(admission, "tiny"), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
-        admission = Admission(engine, pool, SizeLimits(), 16, True)
         app = build_app(HttpContext(admission, tokenizer, "tiny"), 1 << 20)
         transport = httpx.ASGITransport(app=app)
         try:

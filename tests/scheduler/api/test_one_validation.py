@@ -155,7 +155,9 @@ class Context:
 def grpc_servicer(tokenizer):
     engine = CheckingEngine()
     pool = TokenizePool(tokenizer, num_workers=1, max_pending=64)
-    yield LLMServeServicer(engine, pool, SizeLimits(), "tiny", max_waiting=64, prefix_caching=False), engine
+    admission = Admission(engine, pool, SizeLimits(), max_waiting=64, prefix_caching=False)
+    yield LLMServeServicer(admission, "tiny"), engine
+    admission.close()
     pool.close()
 
 

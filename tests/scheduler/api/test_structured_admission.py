@@ -1,6 +1,6 @@
 """Structured outputs at admission (in process): a constraint is compiled after every cheaper
-check, off the event loop, within its time limit; one that compiles is refused until the
-executor applies masks, and, once it does, crosses to the core with the request's params."""
+check, off the event loop, within its time limit; one that compiles crosses to the core with
+the request's params and its grammar text, made once by that compile."""
 
 from __future__ import annotations
 
@@ -54,8 +54,15 @@ def test_a_constraint_that_compiles_is_admitted_with_the_request(admission):
     prompt_ids, params = _admit(admission, c)
     assert params.constraint == c and params.constraint.param == c.param
     message = pickle.loads(pickle.dumps(AddRequest(1, prompt_ids, params)))  # the pipe's framing
-    assert Request(1, message.prompt_token_ids, message.params).params.constraint == c
-    assert _admit(admission, None)[1].constraint is None
+    request = Request(1, message.prompt_token_ids, message.params)
+    assert request.params.constraint == c
+    # the grammar text the executor gets is made once, by the compile (not per plan)
+    assert params.grammar == sc.to_grammar(c) and request.sampler_params(INFO.eos_token_ids).grammar == params.grammar
+    misses = admission.grammars.compiler.misses
+    assert _admit(admission, sc.json_schema(PERSON, "response_format.json_schema.schema"))[1].grammar == params.grammar
+    assert admission.grammars.compiler.misses == misses  # a cache hit
+    unconstrained = _admit(admission, None)[1]
+    assert unconstrained.constraint is None and unconstrained.grammar == ""
 
 
 def test_cheaper_checks_come_first_and_a_bad_constraint_names_its_field(admission):

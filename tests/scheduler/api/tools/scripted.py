@@ -8,6 +8,7 @@ import contextlib
 
 from starlette.testclient import TestClient
 
+from llmserve.structured.constraint import to_grammar
 from scheduler_svc.api.admission import Admission
 from scheduler_svc.api.http.app import build_app
 from scheduler_svc.api.http.context import HttpContext
@@ -51,8 +52,9 @@ class AcceptedGrammars:
     def __init__(self):
         self.checked = []
 
-    async def check(self, constraint) -> None:
+    async def check(self, constraint) -> str:
         self.checked.append(constraint)
+        return to_grammar(constraint)
 
 
 @contextlib.contextmanager
