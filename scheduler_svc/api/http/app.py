@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from scheduler_svc.api import access_log, memory
-from scheduler_svc.api.http import errors, generate, metrics_route, tokenizer_info
+from scheduler_svc.api.http import errors, generate, metrics_route, responses, tokenizer_info
 from scheduler_svc.api.http.context import HttpContext, parse
 from scheduler_svc.api.http.schemas import DetokenizeRequest, TokenizeRequest
 from scheduler_svc.api.validation import check_detokenize_ids, check_prompt_size, invalid
@@ -105,7 +105,7 @@ def build_app(ctx: HttpContext, max_body_bytes: int) -> access_log.HttpAccessLog
     async def _no_route(request, e: StarletteHTTPException):  # 404, 405: in OpenAI's shape too
         if e.status_code == 404:
             message = (f"{request.method} {request.url.path} is not a route of this server (it "
-                       "serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, "
+                       "serves /v1/completions, /v1/chat/completions, /v1/responses, /v1/models, /tokenize, "
                        "/detokenize, /health and /metrics)")
         else:
             message = f"{request.method} {request.url.path}: {e.detail}"
@@ -167,6 +167,7 @@ def build_app(ctx: HttpContext, max_body_bytes: int) -> access_log.HttpAccessLog
         return {"prompt": await ctx.admission.pool.decode(token_ids, body.skip_special_tokens)}
 
     generate.add_routes(app, ctx)
+    responses.add_routes(app, ctx)  # /v1/responses (responses/)
     if ctx.enable_tokenizer_info_endpoint:
         tokenizer_info.add_route(app, ctx.tokenizer)
     # the access log outermost: the guard's refusals (401, 413) get their line too

@@ -20,6 +20,18 @@ def _finite(logprob: float) -> float:
     return max(float(logprob), MIN_LOGPROB)
 
 
+def token_logprobs(token_text, entries: list[LogprobEntry]) -> list[dict]:
+    """Generated tokens' logprobs in the chat (and Responses) shape: per token its text,
+    logprob, UTF-8 bytes and top_logprobs (each alternative likewise)."""
+
+    def one(token_id: int, logprob: float) -> dict:
+        s = token_text(token_id)
+        return {"token": s, "logprob": logprob, "bytes": list(s.encode("utf-8", "replace"))}
+
+    return [{**one(token_id, logprob), "top_logprobs": [one(t, lp) for t, lp in zip(top_ids, top_lps)]}
+            for token_id, logprob, _rank, top_ids, top_lps in entries]
+
+
 def completion_logprobs(token_text, entries: list[LogprobEntry], k: int, offset: int) -> tuple[dict, int]:
     """OpenAI's completions logprobs of entries (from text offset `offset`) and the offset
     after them. Each position's top_logprobs holds its own token and the k most likely, as

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from scheduler_svc.api import access_log
 from scheduler_svc.api.http import errors
 from scheduler_svc.api.http.context import HttpContext, parse
-from scheduler_svc.api.http.echo import Echo, completion_logprobs, vllm_prompt_logprobs
+from scheduler_svc.api.http.echo import Echo, completion_logprobs, token_logprobs, vllm_prompt_logprobs
 from scheduler_svc.api.http.fanout import admit_prompts, merged
 from scheduler_svc.api.http.schemas import ChatCompletionRequest, CompletionRequest
 from scheduler_svc.api.prompts import TextPrompt
@@ -62,12 +62,18 @@ async def _generate(ctx: HttpContext, request: Request, body, chat: bool) -> Res
         record.unfinished = True  # until the engine's iterator ends: else the client left
         return StreamingResponse(job.events(), media_type="text/event-stream",
                                  headers={"cache-control": "no-cache"})
-    task = asyncio.create_task(job.collect())
+    return await collected(request, job.collect())
+
+
+async def collected(request: Request, answer) -> Response:
+    """The JSON of the coroutine `answer` (a whole response), or 499 when the client leaves
+    first: `answer` is cancelled, which leaves the engine's iterator and aborts the request."""
+    task = asyncio.create_task(answer)
     try:
         while not task.done():
             await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
             if not task.done() and await request.is_disconnected():
-                task.cancel()  # leaves the engine's iterator: the request is aborted
+                task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
                 return Response(status_code=499)
     finally:
@@ -128,15 +134,7 @@ class _Job:
         return vllm_prompt_logprobs(self.ctx.token_text, self.echo.columns[index // self.echo.n], k or 0)
 
     def _chat_logprobs(self, entries) -> dict:
-        text = self.ctx.token_text
-
-        def one(token_id: int, logprob: float) -> dict:
-            s = text(token_id)
-            return {"token": s, "logprob": logprob, "bytes": list(s.encode("utf-8", "replace"))}
-
-        return {"content": [
-            {**one(token_id, logprob), "top_logprobs": [one(t, lp) for t, lp in zip(top_ids, top_lps)]}
-            for token_id, logprob, _rank, top_ids, top_lps in entries]}
+        return {"content": token_logprobs(self.ctx.token_text, entries)}
 
     async def collect(self) -> dict:
         """The whole response; the engine's iterator is closed (the request aborted) when

@@ -118,11 +118,29 @@ def judge_http_ok(case: HttpCase, o: Outcome, model: str) -> list[str]:
                     answer["usage"]["completion_tokens"] != case.completion_tokens:
                 problems.append(f"want {case.completion_tokens} completion tokens, got "
                                 f"{answer['usage']['completion_tokens']}")
+    elif case.path == "/v1/responses":
+        problems += _judge_response(o.body)
     elif case.check_model_id:
         answer = _json(o.body)
         if not isinstance(answer, dict) or answer.get("id") != model:
             problems.append(f"want the model {model!r}, got {o.show()}")
     return problems
+
+
+def _judge_response(body: bytes) -> list[str]:
+    """A Responses API answer: a response object, or a stream of events ending completed or
+    incomplete (no failure, no error event)."""
+    text = body.decode("utf-8", "replace")
+    if text.startswith("event: "):
+        types = [line.removeprefix("event: ") for line in text.splitlines() if line.startswith("event: ")]
+        if types[-1:] not in (["response.completed"], ["response.incomplete"]) or "error" in types:
+            return [f"the stream does not end completed or incomplete: {text[-300:]!r}"]
+        return []
+    answer = _json(body)
+    if not isinstance(answer, dict) or answer.get("object") != "response" or not answer.get("output") \
+            or answer.get("status") not in ("completed", "incomplete"):
+        return [f"not a finished response: {text[:600]!r}"]
+    return []
 
 
 def judge_http_4xx(case: HttpCase, o: Outcome) -> list[str]:

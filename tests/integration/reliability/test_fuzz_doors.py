@@ -280,7 +280,7 @@ def test_the_corpus_covers_what_it_must():
                    "response_format", "tools", "tool_choice", "functions", "guided_json",
                    "structured_outputs", "prompt_logprobs", "GET /v1/nope", "garbage bytes",
                    "unknown varint field", "uint32 max", "int32 min", "6 MB message", "50 MB message",
-                   "1M token ids"):
+                   "1M token ids", "responses:previous_response_id", "responses:input_image"):
         assert needle in ids, needle
     fields = {c.id.split(":")[-1].split("=")[0] for c in HTTP_CASES if c.id.startswith("types:")}
     for f in ("n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
