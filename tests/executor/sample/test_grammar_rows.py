@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from llmserve.structured import choice, regex, to_grammar
 from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
-from tests.executor.conftest import decode_rows, make_runner
+from tests.executor.conftest import cached_rows, decode_rows, make_runner
 
 PROMPT = [5, 17, 99, 3, 250, 8]
 
@@ -130,4 +130,52 @@ def test_a_grammar_that_cannot_be_used_fails_its_request_alone(runner):
     assert out.sampled()[1] in eos
     again = runner.execute(StepPlan(1, cached_requests=decode_rows([1, 2])))
     assert not again.failed_req_ids and again.sampled()[1] in eos  # reported once, EOS only
+    runner.reset()
+
+
+def test_a_row_given_to_another_request_mid_pipeline_does_not_consume_the_old_token(runner, tokenizer):
+    """The row-epoch race: request 1's last step is still in flight when the next plan finishes
+    it and gives its row to request 2 (another grammar). Request 1's digit, consumed later, must
+    not reach request 2's matcher (letters only: it would refuse the digit and fail request 2)."""
+    runner.reset()
+    digits = SamplerParams(temperature=1.0, seed=3, grammar=to_grammar(regex(r"[0-9]{30}", "regex")))
+    letters = SamplerParams(temperature=1.0, seed=4, grammar=to_grammar(regex(r"[a-c]{6}", "regex")))
+    runner.execute(StepPlan(0, [NewRequestData(1, PROMPT, digits, [1, 2, 3, 4], 0, len(PROMPT))]))
+    row = int(runner.batch.rows_of([1])[0])
+    in_flight = runner.launch(StepPlan(1, cached_requests=decode_rows([1])))  # request 1's digit
+    handles = [runner.launch(StepPlan(2, [NewRequestData(2, PROMPT, letters, [5, 6, 7, 8], 0, len(PROMPT))],
+                                      finished_req_ids=[1]))]
+    assert int(runner.batch.rows_of([2])[0]) == row  # the same row, another request
+    first = runner.finish(in_flight)
+    assert not first.failed_req_ids and tokenizer.decode([first.sampled()[1]]).isdigit()
+    eos = set(runner.info().eos_token_ids)
+    tokens = []
+    for step in range(3, 14):
+        result = runner.finish(handles.pop(0))
+        assert not result.failed_req_ids, result.failed_errors
+        tokens.append(result.sampled()[2])
+        if tokens[-1] in eos:
+            break
+        handles.append(runner.launch(StepPlan(step, cached_requests=decode_rows([2]))))
+    for handle in handles:
+        runner.finish(handle)
+    runner.reset()
+    assert tokens[-1] in eos and re.fullmatch(r"[a-c]{6}", text_of(tokenizer, tokens, eos))
+
+
+def test_drafts_on_a_grammar_row_are_refused_and_fail_it_alone(runner):
+    """Speculation is off for constrained rows by design (the scheduler never proposes them,
+    scheduler_svc/core/spec/decoder.eligible): a plan that gives one drafts fails that request
+    alone; an unconstrained row in the same plan verifies its drafts."""
+    runner.reset()
+    constrained = SamplerParams(grammar=to_grammar(regex(r"[0-9]{30}", "regex")))
+    runner.execute(StepPlan(0, [NewRequestData(1, PROMPT, constrained, [1, 2], 0, len(PROMPT)),
+                                NewRequestData(2, PROMPT, SamplerParams(), [3, 4], 0, len(PROMPT))]))
+    plan = StepPlan(1, cached_requests=cached_rows((1, 3)))
+    plan.add_drafts([7, 8])
+    plan.cached_requests.append(2, 3, [])
+    plan.add_drafts([7, 8])
+    out = runner.execute(plan)
+    assert out.failed_req_ids == [1] and "without logits processors, logprobs or a grammar" in out.failed_errors[0]
+    assert 1 not in out.sampled() and 2 in out.sampled() and 1 not in runner.batch.requests
     runner.reset()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from llmserve.speculative import SpecDecodeConfig, parse_speculative_config
+from llmserve.structured import constraint as sc
 from scheduler_svc.core.request import FinishReason
 from scheduler_svc.core.spec.ngram import propose_ngram
 from tests.scheduler.sched_driver import FakeExecutor, fake_next_token, make_scheduler, req, run
@@ -162,6 +163,20 @@ def test_stop_and_max_tokens_inside_accepted_drafts():
     assert out[0].token_ids == [1, 2, 3, 1] and out[0].finish_reason is FinishReason.LENGTH
     assert plans[1].draft_token_ids == [2, 3]  # 1 + 2 drafts reach max_tokens exactly
 
+
+
+def test_a_constrained_request_gets_no_drafts():
+    """Speculation is off for structured-output rows by design (drafts are not checked against
+    the grammar; the executor refuses drafts on such a row): the same repeating prompt is
+    speculated unconstrained, never with a constraint, and the other row keeps speculating."""
+    prompt = [1, 2, 3] * 5
+    only = sc.regex(r"[a-z]+", "structured_outputs.regex")
+    out, plans, s = drive(SPEC, {0: [req(0, prompt, max_tokens=12, constraint=only,
+                                         grammar=sc.to_grammar(only)),
+                                     req(1, prompt, max_tokens=12)]})
+    drafted = {r for p in plans for r, d in zip(p.cached_requests.req_ids, p.num_draft_tokens) if d}
+    assert drafted == {1} and s.spec.stats.num_draft_tokens > 0
+    assert len(out[0].token_ids) == len(out[1].token_ids) == 12
 
 def test_prefix_cache_never_shares_rejected_drafts_kv():
     """A later request whose prompt is an earlier one's whole output hits the blocks that
