@@ -1,6 +1,9 @@
 """The Responses API's function calls under tool_choice "auto" (the hermes parser), with the
 `openai` client, on the chain model: its greedy output is CALL_PIECES (content, then two hermes
-calls), so the output items and their events are known exactly."""
+calls), so the output items and their events are known exactly; and a streamed answer and a
+forced call of the built-in model (SmolLM2-135M-Instruct)."""
+
+import json
 
 import pytest
 
@@ -70,3 +73,26 @@ def test_cut_by_max_output_tokens(chain):
 def test_none_is_the_text_as_written(chain):
     r = _create(chain, tool_choice="none")
     assert _shape(r.output) == [("message", "".join(CALL_PIECES))] and r.status == "completed"
+
+
+def test_the_builtin_model_streams_an_answer(builtin):
+    model = builtin.models.list().data[0].id
+    kw = {"model": model, "instructions": "Answer in one sentence.", "input": "What is the capital of France?",
+          "temperature": 0, "max_output_tokens": 24}
+    collected = builtin.responses.create(**kw)
+    events = list(builtin.responses.create(stream=True, **kw))
+    assert events[-1].type == f"response.{collected.status}" and collected.status in ("completed", "incomplete")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == collected.output_text == events[-1].response.output_text and text.strip()
+    assert events[-1].response.usage.output_tokens == collected.usage.output_tokens <= 24
+
+
+def test_the_builtin_model_calls_a_named_function(builtin):
+    weather = {"type": "function", "name": "get_weather", "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+        "additionalProperties": False}}
+    r = builtin.responses.create(model=builtin.models.list().data[0].id, input="What is the weather in Paris?",
+                                 tools=[weather], tool_choice={"type": "function", "name": "get_weather"},
+                                 temperature=0, max_output_tokens=40)
+    assert r.status == "completed" and [o.type for o in r.output] == ["function_call"]
+    assert isinstance(json.loads(r.output[0].arguments)["city"], str)
