@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in one command, for one call on the GPU machine:
-#   bash benchmarks/gpu_suite.sh [sections]      (sections: w4,full,peers,w5,smol,w7,w2ab,ab,w6,w8,spec; default all but ab)
+#   bash benchmarks/gpu_suite.sh [sections]      (sections: w4,full,peers,w5,smol,w7,w2ab,w2so,ab,w6,w8,spec; default all but ab)
 # SKIP_TESTS=1 skips the CUDA tests (TESTS=<paths>: only those); KERNEL_BENCH=1 also runs the kernel benchmarks (decode
 # attention sweep, FP8 GEMMs, the executor's launch profile, a verify step's cost) before the sections.
 # Missing wheels (grpcio-health-checking, grpcio-reflection, gguf) are installed from .whl/ if
@@ -30,4 +30,4 @@ if [ "${KERNEL_BENCH:-0}" = 1 ]; then
   llama1b=$(python3 -c 'from benchmarks.harness import model_path; print(model_path("llama-1b"))' | tail -1)
   python3 -m benchmarks.spec_step_cost --device cuda --model "$llama1b" --json "$OUT/spec_step_cost.json" 2>&1 | grep "^b="
 fi
-python3 -m benchmarks.run_all --out "$OUT" --sections "${1:-w4,full,peers,w5,smol,w7,w2ab,w6,w8,spec}" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60
+python3 -m benchmarks.run_all --out "$OUT" --sections "${1:-w4,full,peers,w5,smol,w7,w2ab,w2so,w6,w8,spec}" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60

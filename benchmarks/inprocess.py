@@ -57,6 +57,13 @@ def run_workload(runner: ModelRunner, workload, *, temperature: float = 0.0, ove
     return sum(len(t) for t in tokens.values()), wall, busy_us / 1e6 / wall
 
 
+def run_requests(runner: ModelRunner, requests: list[Request], overlap: bool = True
+                 ) -> tuple[dict[int, list[int]], float, float]:
+    """Runs these requests to completion: (token ids by request, wall seconds, busy fraction)."""
+    tokens, wall, busy_us = _run(runner, requests, overlap)
+    return tokens, wall, busy_us / 1e6 / wall
+
+
 def greedy_tokens(runner: ModelRunner, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Greedy outputs of the prompts, batched together (EOS ends a request)."""
     requests = [Request(i + 1, list(p), SamplingParams(max_tokens=max_tokens, temperature=0.0))

@@ -81,6 +81,7 @@ def rows(out_dir: Path) -> list[tuple[str, str, str]]:
     if w7.get("ttft_p50_speedup"):
         r.append(("W7 TTFT p50 off / on", f"{w7['ttft_p50_speedup']:.1f}x", "targets: hit rate >= 85%, >= 4x"))
     r += _w2ab_rows(_load(out_dir, "w2ab"))
+    r += _w2so_rows(_load(out_dir, "w2so"))
     r += _ab_rows(_load(out_dir, "ab"))
     r += _w6_rows(_load(out_dir, "w6"))
     r += w8_fp8.rows(_load(out_dir, "w8"), full)
@@ -132,6 +133,17 @@ def _w2ab_rows(w2ab: dict) -> list[tuple[str, str, str]]:
             r.append((f"W2 in-process, {name} on every request", f"{feat[key + '_median'] / base - 1:+.1%}",
                       f"{feat[key + '_median']:,.0f} tok/s vs {base:,.0f} off"))
     return r
+
+
+def _w2so_rows(w2so: dict) -> list[tuple[str, str, str]]:
+    """W2 with structured outputs: 1 in 8 and every request constrained, against none."""
+    m = w2so.get("medians")
+    if not m:
+        return [("W2 structured outputs", "failed", w2so.get("error", "")[-200:])] if w2so else []
+    return [(f"W2 in-process, {what} with a JSON schema", f"{-w2so[key]:+.1%}",
+             f"median {m[name]:,.0f} vs {m['none']:,.0f} tok/s none (target >= -{target}%)")
+            for what, key, name, target in (("1 in 8 requests", "loss_one_in_8", "one_in_8", 10),
+                                            ("every request", "loss_all", "all", 25))]
 
 
 def _ab_rows(ab: dict) -> list[tuple[str, str, str]]:

@@ -25,7 +25,7 @@ from benchmarks.harness import (
     runner_for_folder,
 )
 
-SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab", "ab", "w6", "w8", "spec")
+SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w2so", "ab", "w6", "w8", "spec")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "ab")  # ab needs OLD_TREE
 OLD_TREE = Path(".old/base")  # a checkout of the commit to compare with (w2ab), if present
 
@@ -178,6 +178,16 @@ def section_w2ab(out: dict) -> None:
             line = next((x for x in done.stdout.splitlines() if x.startswith("W2AB ")), None)
             rows.append(json.loads(line[5:]) if line else {"tree": label, "error": done.stderr[-500:]})
     out["rows"] = rows
+
+
+def section_w2so(out: dict) -> None:
+    """W2 in-process with no request, 1 in 8 and every request carrying a JSON schema,
+    alternating (benchmarks/w2_structured.py; issue 25: losses <= 10% and <= 25%)."""
+    model_path("llama-1b")
+    done = subprocess.run([sys.executable, "benchmarks/w2_structured.py"], capture_output=True,
+                          text=True, timeout=900)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("W2SO ")), None)
+    out.update(json.loads(line[5:]) if line else {"error": done.stderr[-2000:]})
 
 
 def section_ab(out: dict) -> None:

@@ -179,3 +179,37 @@ def test_drafts_on_a_grammar_row_are_refused_and_fail_it_alone(runner):
     assert out.failed_req_ids == [1] and "without logits processors, logprobs or a grammar" in out.failed_errors[0]
     assert 1 not in out.sampled() and 2 in out.sampled() and 1 not in runner.batch.requests
     runner.reset()
+
+
+def test_unconstrained_rows_beside_constrained_ones_are_untouched(runner, tokenizer):
+    """Greedy rows give the same tokens whether constrained rows share their steps (which then
+    sample eagerly, pipelined) or not; the constrained rows follow their regex."""
+    pattern = r"[0-9]{3}-[a-c]{3}"
+    constrained = SamplerParams(temperature=1.0, seed=9, grammar=to_grammar(regex(pattern, "regex")))
+    prompts = {r: [5 + r, 17, 99, 3 * r, 250, 8] for r in range(1, 5)}
+
+    def run(req_ids: list[int]) -> dict[int, list[int]]:
+        runner.reset()
+        new = [NewRequestData(r, prompts[r], constrained if r % 2 else SamplerParams(),
+                              [4 * r + i for i in range(1, 5)], 0, len(prompts[r])) for r in req_ids]
+        out = runner.execute(StepPlan(0, new))
+        tokens = {r: [out.sampled()[r]] for r in req_ids}
+        pending = [runner.launch(StepPlan(1, cached_requests=decode_rows(req_ids)))]
+        for step in range(2, 10):
+            pending.append(runner.launch(StepPlan(step, cached_requests=decode_rows(req_ids))))
+            result = runner.finish(pending.pop(0))
+            assert not result.failed_req_ids, result.failed_errors
+            for r in req_ids:
+                tokens[r].append(result.sampled()[r])
+        result = runner.finish(pending.pop(0))
+        for r in req_ids:
+            tokens[r].append(result.sampled()[r])
+        runner.reset()
+        return tokens
+
+    together, alone = run([1, 2, 3, 4]), run([2, 4])
+    assert together[2] == alone[2] and together[4] == alone[4]
+    eos = set(runner.info().eos_token_ids)
+    for r in (1, 3):  # EOS ends them: the rest of their row's tokens are EOS only
+        cut = together[r][:together[r].index(next(t for t in together[r] if t in eos)) + 1]
+        assert re.fullmatch(pattern, text_of(tokenizer, cut, eos)), together[r]
