@@ -90,6 +90,11 @@ class SchedulerConfig:
     # Most parallel samples (n) of one request (OpenAI's limit; vLLM has none). All n must fit
     # in the KV cache at once (they share the prompt's blocks).
     max_n: int = 128
+    # Responses the HTTP API keeps for previous_response_id and GET /v1/responses/{id}, in
+    # memory (docs/api.md, "Responses API"): at most this many and this many bytes, the least
+    # recently used dropped first; 0 = none kept (every response says "store": false).
+    responses_store_max_entries: int = 1024
+    responses_store_max_bytes: int = 64 << 20
     # Threads that tokenize, render chat templates and decode off the event loop (vLLM's old
     # --tokenizer-pool-size); at least 1.
     tokenizer_pool_size: int = 2
@@ -222,6 +227,8 @@ def _add_api_boundary_flags(p: argparse.ArgumentParser, d: SchedulerConfig) -> N
         ("max_stop_token_ids", "most stop token ids in one request"),
         ("max_n", "most parallel samples (n) of one request"),
         ("tokenizer_pool_size", "threads that tokenize off the event loop (at least 1)"),
+        ("responses_store_max_entries", "most responses kept for previous_response_id (0 = none)"),
+        ("responses_store_max_bytes", "most bytes of the responses kept (0 = none)"),
     ]:
         p.add_argument("--" + name.replace("_", "-"), type=int,
                        default=_env(name.upper(), getattr(d, name)), help=help_text)
@@ -253,6 +260,9 @@ def from_args(argv: list[str] | None = None) -> SchedulerConfig:
     """Parses flags (environment variables LLMSERVE_SCHEDULER_<FLAG> give the defaults)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    for name in ("responses_store_max_entries", "responses_store_max_bytes"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0 (0 = no responses kept)")
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         parser.error("--enable-auto-tool-choice needs --tool-call-parser "
                      f"({' or '.join(TOOL_CALL_PARSERS)})")

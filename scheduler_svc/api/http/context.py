@@ -28,6 +28,9 @@ class HttpContext:
     metrics: object = None  # api.metrics.Metrics (render() -> Prometheus text)
     enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (tokenizer_info.py)
     tools: ToolSettings = ToolSettings()  # tool calling's flags (api/tools/)
+    # bounds of the kept responses (responses/store.py; --responses-store-max-*); 0 = none kept
+    responses_store_max_entries: int = 0
+    responses_store_max_bytes: int = 0
 
     @property
     def engine(self) -> EngineClient:

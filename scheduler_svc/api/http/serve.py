@@ -69,7 +69,8 @@ async def start_http(config: SchedulerConfig, admission: Admission, tokenizer: T
     answers GET /metrics."""
     engine, sizes = admission.engine, admission.sizes
     ctx = HttpContext(admission, tokenizer, engine.info.model_name, config.api_key, metrics,
-                      config.enable_tokenizer_info_endpoint, ToolSettings.from_config(config))
+                      config.enable_tokenizer_info_endpoint, ToolSettings.from_config(config),
+                      config.responses_store_max_entries, config.responses_store_max_bytes)
     max_body = JSON_EXPANSION * max_request_bytes(sizes, engine.info.max_model_len,
                                                   engine.info.max_logit_bias)
     tls = {}

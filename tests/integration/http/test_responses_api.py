@@ -58,7 +58,7 @@ def test_text_collected_equals_chat_and_is_cut_by_max_output_tokens(client, mode
     (message,) = r.output
     assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
     assert message.status == "incomplete" and message.content[0].type == "output_text"
-    assert message.content[0].annotations == [] and r.error is None and r.store is False
+    assert message.content[0].annotations == [] and r.error is None and r.store is True  # kept by default
 
 
 def test_streamed_events_add_up_to_the_collected_response(client, model_name):
@@ -180,8 +180,8 @@ def test_function_call_output_round_trips_into_the_next_turn(client, model_name)
 
 
 REFUSED = [
-    ({"previous_response_id": "resp_123"}, "previous_response_id", "stores no responses"),
-    ({"conversation": "conv_123"}, "conversation", "stores no responses"),
+    ({"previous_response_id": "resp_123"}, "previous_response_id", "not found"),  # never kept
+    ({"conversation": "conv_123"}, "conversation", "keeps no conversations"),
     ({"background": True}, "background", "background"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt", "stored prompt"),
     ({"tools": [{"type": "web_search"}]}, "tools.0.type", "built-in tools"),
@@ -232,14 +232,13 @@ def test_what_is_not_implemented_is_refused_by_name(client, model_name, fields, 
 def test_bookkeeping_fields_are_accepted(client, model_name):
     r = _create(client, model_name, input="hi", max_output_tokens=2, store=True, metadata={"k": "v"}, user="u",
                 truncation="disabled", reasoning={"effort": "none"}, parallel_tool_calls=False, service_tier="auto")
-    assert r.metadata == {"k": "v"} and r.store is False and r.parallel_tool_calls is False  # nothing is stored
+    assert r.metadata == {"k": "v"} and r.store is True and r.parallel_tool_calls is False
 
 
-def test_nothing_is_stored(client, model_name):
-    r = _create(client, model_name, input="hi", max_output_tokens=2)
+def test_an_unknown_id_is_404(client):
     with pytest.raises(openai.NotFoundError) as e:
-        client.responses.retrieve(r.id)
-    assert "stores no responses" in e.value.body["message"]
+        client.responses.retrieve("resp_123")
+    assert e.value.body["param"] == "response_id" and "is kept" in e.value.body["message"]
 
 
 def test_an_unknown_model_is_404(client):

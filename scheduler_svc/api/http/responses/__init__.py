@@ -1,8 +1,10 @@
 """OpenAI's Responses API, POST /v1/responses, on the chat completions' machinery: the request
 is checked (refuse.py), translated into the chat completion it is (translate.py) and admitted
 as one (tools, structured outputs, the one validation of sampling parameters); its outputs
-become output items (output.py) and a response object or a stream of events (job.py). Nothing
-is stored: GET, DELETE and cancel of /v1/responses/{id} answer 404 saying so."""
+become output items (output.py) and a response object or a stream of events (job.py). A
+finished response is kept (store.py, one ResponseStore per app, bounded) unless the request says
+`store: false`; `previous_response_id` continues a kept one, and GET/DELETE of /v1/responses/{id}
+read and drop it (stored.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
 from scheduler_svc.api import access_log
-from scheduler_svc.api.http import errors
 from scheduler_svc.api.http.context import HttpContext, parse
 from scheduler_svc.api.http.fanout import admit_prompts
 from scheduler_svc.api.http.generate import collected
 from scheduler_svc.api.http.responses.job import ResponseJob
-from scheduler_svc.api.http.responses.refuse import LOGPROBS, NO_STATE, check_refused
+from scheduler_svc.api.http.responses import stored
+from scheduler_svc.api.http.responses.refuse import LOGPROBS, check_refused
 from scheduler_svc.api.http.responses.schemas import ResponsesRequest
+from scheduler_svc.api.http.responses.store import ResponseStore
 from scheduler_svc.api.http.responses.translate import to_chat
 from scheduler_svc.api.tools.plan import prepare_chat
 from scheduler_svc.api.validation import invalid
@@ -26,21 +29,27 @@ from scheduler_svc.messages import RequestError
 
 
 def add_routes(app: FastAPI, ctx: HttpContext) -> None:
+    store = ResponseStore(ctx.responses_store_max_entries, ctx.responses_store_max_bytes)
+    app.state.response_store = store  # the one; written only here (on the event loop)
+
     @app.post("/v1/responses")
     async def create_response(request: Request):
-        return await _create(ctx, request, await parse(request, ResponsesRequest))
+        return await _create(ctx, store, request, await parse(request, ResponsesRequest))
 
-    async def not_stored(response_id: str):
-        raise errors.HttpError(404, f"no response {response_id[:80]!r}: {NO_STATE}", "response_id",
-                               "not_found")
-
-    for path, methods in (("/v1/responses/{response_id}", ["GET", "DELETE"]),
-                          ("/v1/responses/{response_id}/cancel", ["POST"]),
-                          ("/v1/responses/{response_id}/input_items", ["GET"])):
-        app.add_api_route(path, not_stored, methods=methods)
+    stored.add_stored_routes(app, store)
 
 
-async def _create(ctx: HttpContext, request: Request, body: ResponsesRequest) -> Response:
+def _check_count(body: ResponsesRequest, before, limit: int) -> None:
+    """The items of the input, and of the conversation it continues, within --max-chat-messages."""
+    num_own = len(body.input) if isinstance(body.input, list) else 1
+    num_before = len(before.conversation) if before is not None else 0
+    if num_before + num_own > limit:
+        raise invalid(f"the conversation of previous_response_id has {num_before} items and input "
+                      f"{num_own}: {num_before + num_own} in all; the limit is {limit} (--max-chat-messages)",
+                      "previous_response_id" if num_before >= limit else "input")
+
+
+async def _create(ctx: HttpContext, store: ResponseStore, request: Request, body: ResponsesRequest) -> Response:
     record = access_log.current()
     record.request_id = "resp_" + uuid.uuid4().hex
     ctx.check_model(body.model)
@@ -48,7 +57,9 @@ async def _create(ctx: HttpContext, request: Request, body: ResponsesRequest) ->
     if isinstance(body.input, list) and len(body.input) > limit:
         raise invalid(f"input has {len(body.input)} items; the limit is {limit} (--max-chat-messages)", "input")
     check_refused(body)
-    translated = to_chat(body)
+    before = stored.previous(store, body)
+    _check_count(body, before, limit)
+    translated = to_chat(body, before.conversation if before is not None else ())
     logprobs = LOGPROBS in (body.include or ())
     try:
         prompt, raw, plan = prepare_chat(translated.chat, ctx.tools, ctx.admission.sizes)
@@ -58,9 +69,12 @@ async def _create(ctx: HttpContext, request: Request, body: ResponsesRequest) ->
         (admitted,) = await admit_prompts(ctx.admission, [prompt], raw)
     except RequestError as e:  # the chat's fields named as the client spelled them
         e.param, e.message = translated.client_param(e.param), translated.client_message(e.message)
+        if before is not None and e.param == "input":
+            e.message += (f" (the input after the {len(before.conversation)} items of the conversation "
+                          "of previous_response_id)")
         raise
     record.admitted(record.request_id, len(admitted[0]))
-    job = ResponseJob(ctx, body, admitted, record, plan, logprobs)
+    job = ResponseJob(ctx, body, admitted, record, plan, logprobs, stored.keeper(store, body, before))
     if body.stream:
         record.unfinished = True  # until the engine's iterator ends: else the client left
         return StreamingResponse(job.events(), media_type="text/event-stream",

@@ -5,7 +5,9 @@ streamed as OpenAI's semantic events, each `event: <type>` with `data` carrying 
 then `response.completed` or `response.incomplete` (cut by max_output_tokens or the context)
 with the whole response. An error of the engine after the stream began ends it with
 `response.failed` (the response, status `failed`, its `error`). Leaving the engine's iterator
-aborts the request: a stream is cancelled when its client goes (as chat's are)."""
+aborts the request: a stream is cancelled when its client goes (as chat's are). A finished
+response (completed or incomplete, collected or streamed to its end) is given to `keep`
+(stored.keeper) when it is to be kept; a failed or cancelled one never is."""
 
 from __future__ import annotations
 
@@ -27,13 +29,14 @@ _ERROR_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}  # else serve
 
 class ResponseJob:
     def __init__(self, ctx, body: ResponsesRequest, admitted: tuple, record: access_log.Record,
-                 plan=None, logprobs: bool = False):
+                 plan=None, logprobs: bool = False, keep=None):
         self.ctx, self.body, self.record = ctx, body, record
         self.prompt_ids, self.params = admitted
         self.id, self.created_at = record.request_id, int(time.time())
         self.parser = plan.new_parser() if plan is not None else None  # None: all is content
         self.output = OutputItems(plan.parallel if plan is not None else True)
         self.logprobs = logprobs
+        self.keep = keep  # keep(response) once finished; None: not kept (store false, storing off)
         self.finish_reason: FinishReason | None = None
         self.num_output_tokens = 0
         self._seq = 0
@@ -52,8 +55,8 @@ class ResponseJob:
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "max_tool_calls": None, "model": self.ctx.model_name,
             "output": self.output.items if status != "in_progress" else [],
-            "parallel_tool_calls": body.parallel_tool_calls is not False, "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None}, "store": False,  # nothing is stored
+            "parallel_tool_calls": body.parallel_tool_calls is not False, "previous_response_id": body.previous_response_id,
+            "reasoning": {"effort": None, "summary": None}, "store": self.keep is not None,
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"},
                      "verbosity": "medium"},
@@ -94,9 +97,16 @@ class ResponseJob:
         async with aclosing(self.ctx.engine.generate(self.prompt_ids, self.params)) as outs:
             async for out in outs:
                 self._add(out)
+        self.output.finish(self._status())
+        return self._finished()
+
+    def _finished(self) -> dict:
+        """The finished response (its output closed), kept when it is to be."""
         status = self._status()
-        self.output.finish(status)
-        return self.response(status)
+        response = self.response(status)
+        if self.keep is not None:
+            self.keep(response)
+        return response
 
     def _sse(self, event: dict) -> str:
         event["sequence_number"], self._seq = self._seq, self._seq + 1
@@ -113,10 +123,10 @@ class ResponseJob:
                     events = self._add(out)
                     if events:
                         yield "".join(self._sse(e) for e in events)
-            status = self._status()
-            last = "".join(self._sse(e) for e in self.output.finish(status))
+            last = "".join(self._sse(e) for e in self.output.finish(self._status()))
             record.unfinished = False
-            yield last + self._sse({"type": f"response.{status}", "response": self.response(status)})
+            response = self._finished()
+            yield last + self._sse({"type": f"response.{response['status']}", "response": response})
         except RequestError as e:
             status, error = errors.request_error_body(e)  # an internal one notes its error id
             record.unfinished = False

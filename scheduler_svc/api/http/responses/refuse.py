@@ -1,15 +1,17 @@
 """What POST /v1/responses does not implement, refused before any work with 400 naming the
-field as the client sent it ("previous_response_id", "input.2.type", "tools.0.type", ...):
-server-side state (nothing is stored), background responses, reasoning, automatic truncation,
-built-in tools, images and files, and `include` entries this server does not produce."""
+field as the client sent it ("conversation", "input.2.type", "tools.0.type", ...): server-side
+state other than kept responses (conversations, stored prompts, item references), background
+responses, reasoning, automatic truncation, built-in tools, images and files, and `include`
+entries this server does not produce."""
 
 from __future__ import annotations
 
 from scheduler_svc.api.http.responses.schemas import FunctionCallOutputItem, MessageItem, ResponsesRequest, Other
 from scheduler_svc.api.validation import invalid
 
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's (characters)
 LOGPROBS = "message.output_text.logprobs"  # the one `include` entry this server produces
-NO_STATE = "this server stores no responses or conversations (store is accepted and nothing is kept)"
+NO_STATE = "this server keeps no conversations, prompts or items (only whole responses, for previous_response_id)"
 _ITEMS = {
     "reasoning": "reasoning items (the model does not reason; leave them out of the input)",
     "item_reference": f"item references ({NO_STATE}: send the item itself)",
@@ -22,9 +24,6 @@ _PARTS = {
 
 def check_refused(body: ResponsesRequest) -> None:
     """RequestError (INVALID_ARGUMENT) for the first field this server does not implement."""
-    if body.previous_response_id is not None:
-        raise invalid(f"previous_response_id is not supported: {NO_STATE}; send the whole "
-                      "conversation as input items", "previous_response_id")
     if body.conversation is not None:
         raise invalid(f"conversation is not supported: {NO_STATE}; send the whole conversation "
                       "as input items", "conversation")
@@ -40,11 +39,27 @@ def check_refused(body: ResponsesRequest) -> None:
     if body.max_tool_calls is not None:
         raise invalid("max_tool_calls is not supported (parallel_tool_calls false allows at most one "
                       "call)", "max_tool_calls")
+    _check_metadata(body.metadata)
     _check_reasoning(body)
     _check_text(body)
     _check_include(body)
     _check_input(body)
     _check_tools(body)
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    """OpenAI's bounds (the metadata is echoed, and kept with the response)."""
+    if metadata is None:
+        return
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise invalid(f"metadata has {len(metadata)} pairs; the limit is {MAX_METADATA_PAIRS}", "metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise invalid(f"metadata: a key has {len(key)} characters; the limit is {MAX_METADATA_KEY}",
+                          "metadata")
+        if len(value) > MAX_METADATA_VALUE:
+            raise invalid(f"metadata.{key} has {len(value)} characters; the limit is {MAX_METADATA_VALUE}",
+                          f"metadata.{key}")
 
 
 def _check_reasoning(body: ResponsesRequest) -> None:

@@ -161,16 +161,17 @@ class ResponsesRequest(_Body):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
-    # bookkeeping: cannot change the output (store: nothing is stored, see docs/api.md)
-    metadata: dict[str, str] | None = None
-    user: str | None = None
+    # kept responses (stored.py): keep this one (unset = true), continue a kept one
     store: bool | None = None
+    previous_response_id: str | None = None
+    # bookkeeping: cannot change the output
+    metadata: dict[str, str] | None = None  # echoed and kept (refuse.py bounds it)
+    user: str | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     # OpenAI's fields this server does not implement: refused by name (refuse.py)
-    previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
     background: bool | None = None
     reasoning: Reasoning | None = None

@@ -11,6 +11,9 @@ template, tools, structured outputs, the one validation of sampling parameters):
   `tool_choice` `{"type": "function", "name"}` as chat's named choice, `text.format` as
   `response_format`, `max_output_tokens` as `max_tokens`, `include` logprobs as `logprobs`.
 
+With `previous_response_id`, the kept conversation's items (stored.py) come after
+`instructions` and before `input`, translated as the input's are.
+
 A refusal of the chat's admission names the chat's field; `client_param` turns it back into
 the Responses request's ("messages.3.tool_call_id" -> "input.4.call_id")."""
 
@@ -34,12 +37,14 @@ _FIELDS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_outp
 _FORMAT = (("response_format.json_schema.schema", "text.format.schema"),
            ("response_format.json_schema", "text.format"), ("response_format", "text.format"))
 _MESSAGE_KEYS = {"tool_call_id": "call_id", "tool_calls": None}  # None: the item itself
+PREVIOUS = "previous_response_id"  # the origin of the messages of a kept conversation
 
 
 @dataclass
 class ChatOfResponse:
     chat: ChatCompletionRequest
-    origins: list[str]  # per chat message, where it came from: "instructions", "input", "input.3"
+    origins: list[str]  # per chat message, where it came from: "instructions", "input", "input.3",
+    # "previous_response_id" (the kept conversation it continues)
 
     def client_param(self, param: str | None) -> str | None:
         if param is None:
@@ -48,6 +53,8 @@ class ChatOfResponse:
             head, _, rest = param.removeprefix("messages.").partition(".")
             if not head.isdigit() or int(head) >= len(self.origins):
                 return "input"
+            if self.origins[int(head)] == PREVIOUS:
+                return PREVIOUS  # a message of the kept conversation
             key, _, tail = rest.partition(".")
             key = _MESSAGE_KEYS.get(key, key)
             return ".".join(p for p in (self.origins[int(head)], key, tail) if p)
@@ -69,15 +76,16 @@ def _text(content: str | list[TextPart]) -> str:
     return content if isinstance(content, str) else "".join(part.text for part in content)
 
 
-def _messages(body: ResponsesRequest) -> tuple[list[ChatMessage], list[str]]:
+def _messages(body: ResponsesRequest, previous: tuple) -> tuple[list[ChatMessage], list[str]]:
     messages, origins = [], []
     if body.instructions is not None:
         messages.append(ChatMessage(role="system", content=body.instructions))
         origins.append("instructions")
-    items = [MessageItem(role="user", content=body.input)] if isinstance(body.input, str) else body.input
+    own = [MessageItem(role="user", content=body.input)] if isinstance(body.input, str) else body.input
     calls: set[str] = set()
-    for i, item in enumerate(items):
-        where = "input" if isinstance(body.input, str) else f"input.{i}"
+    for i, item in enumerate((*previous, *own)):
+        i -= len(previous)
+        where = PREVIOUS if i < 0 else "input" if isinstance(body.input, str) else f"input.{i}"
         if isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
             messages.append(ChatMessage(role=role, content=_text(item.content)))
@@ -115,9 +123,11 @@ def _tool_choice(body: ResponsesRequest):
     return choice
 
 
-def to_chat(body: ResponsesRequest) -> ChatOfResponse:
-    """The chat completion request of a Responses request (refuse.check_refused first)."""
-    messages, origins = _messages(body)
+def to_chat(body: ResponsesRequest, previous: tuple = ()) -> ChatOfResponse:
+    """The chat completion request of a Responses request (refuse.check_refused first) after
+    the conversation `previous` (items) its previous_response_id continues (after instructions:
+    the previous response's own are not carried over, as OpenAI's are not)."""
+    messages, origins = _messages(body, previous)
     tools = None if body.tools is None else [
         Tool(type="function", function=FunctionDefinition(
             name=t.name, description=t.description, parameters=t.parameters, strict=t.strict))

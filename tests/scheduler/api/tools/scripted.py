@@ -58,15 +58,16 @@ class AcceptedGrammars:
 
 
 @contextlib.contextmanager
-def serving(tokenizer, settings: ToolSettings, grammars=None):
-    """(openai client, engine) of an app with these tool flags (and this grammar check)."""
+def serving(tokenizer, settings: ToolSettings, grammars=None, **context):
+    """(openai client, engine) of an app with these tool flags (and this grammar check, and
+    these other HttpContext fields)."""
     import openai
 
     engine = ScriptedEngine()
     pool = TokenizePool(tokenizer, num_workers=1, max_pending=64)
     admission = Admission(engine, pool, SizeLimits(), max_waiting=64, prefix_caching=False,
                           grammars=grammars)
-    app = build_app(HttpContext(admission, tokenizer, "tiny", tools=settings), 64 << 20)
+    app = build_app(HttpContext(admission, tokenizer, "tiny", tools=settings, **context), 64 << 20)
     try:
         with TestClient(app) as http, openai.OpenAI(base_url="http://testserver/v1", api_key="k",
                                                     http_client=http, max_retries=0) as client:
