@@ -2,7 +2,8 @@
 (validation, tokenize pool, chat templates) as the gRPC servicer, errors in OpenAI's shape.
 
 Guard (pure ASGI, before any route): the body size limit, read before parsing, and the API key
-(`Authorization: Bearer <key>`, every path but /health and /metrics)."""
+(`Authorization: Bearer <key>`, or Anthropic's `x-api-key: <key>`; every path but /health and
+/metrics)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from scheduler_svc.api import access_log, memory
-from scheduler_svc.api.http import errors, generate, metrics_route, responses, tokenizer_info
+from scheduler_svc.api.http import errors, generate, messages, metrics_route, responses, tokenizer_info
 from scheduler_svc.api.http.context import HttpContext, parse
 from scheduler_svc.api.http.schemas import DetokenizeRequest, TokenizeRequest
 from scheduler_svc.api.validation import check_detokenize_ids, check_prompt_size, invalid
@@ -37,10 +38,11 @@ class Guard:
         headers = dict(scope["headers"])
         if self._expected and not scope["path"].startswith(OPEN_PATHS):
             given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
+            anthropic = b"Bearer " + headers.get(b"x-api-key", b"")  # (the Anthropic clients' header)
+            if not (hmac.compare_digest(given, self._expected) or hmac.compare_digest(anthropic, self._expected)):
                 return await errors.error_response(
                     401, "a valid API key is required: send the header 'Authorization: Bearer "
-                    "<api key>'", code="invalid_api_key",
+                    "<api key>' (or 'x-api-key: <api key>')", code="invalid_api_key",
                     headers={"www-authenticate": "Bearer"})(scope, receive, send)
         too_large = errors.error_response(
             413, f"the request body exceeds {self.max_body_bytes} bytes", code="body_too_large")
@@ -105,7 +107,7 @@ def build_app(ctx: HttpContext, max_body_bytes: int) -> access_log.HttpAccessLog
     async def _no_route(request, e: StarletteHTTPException):  # 404, 405: in OpenAI's shape too
         if e.status_code == 404:
             message = (f"{request.method} {request.url.path} is not a route of this server (it "
-                       "serves /v1/completions, /v1/chat/completions, /v1/responses, /v1/models, /tokenize, "
+                       "serves /v1/completions, /v1/chat/completions, /v1/responses, /v1/messages, /v1/models, /tokenize, "
                        "/detokenize, /health and /metrics)")
         else:
             message = f"{request.method} {request.url.path}: {e.detail}"
@@ -168,8 +170,9 @@ def build_app(ctx: HttpContext, max_body_bytes: int) -> access_log.HttpAccessLog
 
     generate.add_routes(app, ctx)
     responses.add_routes(app, ctx)  # /v1/responses (responses/)
+    messages.add_routes(app, ctx)  # /v1/messages (messages/: Anthropic's shapes, its errors too)
     if ctx.enable_tokenizer_info_endpoint:
         tokenizer_info.add_route(app, ctx.tokenizer)
     # the access log outermost: the guard's refusals (401, 413) get their line too
-    return access_log.HttpAccessLog(Guard(app, max_body_bytes, ctx.api_key))
+    return access_log.HttpAccessLog(messages.AnthropicErrors(Guard(app, max_body_bytes, ctx.api_key)))
 

@@ -70,7 +70,7 @@ def http_cases() -> list[HttpCase]:
                 cases.append(HttpCase(f"types:{c['path']}:{c['field']}={text}", c["path"], expect,
                                       json_text=_literal_body(c["body"], text), param=c["param"]))
     for file in ("http_limits.json", "http_unimplemented.json", "http_routes.json",
-                 "http_malformed.json", "http_big.json", "http_responses.json"):
+                 "http_malformed.json", "http_big.json", "http_responses.json", "http_messages.json"):
         stem = file.removeprefix("http_").removesuffix(".json")
         for c in _load(file)["cases"]:
             case = HttpCase(f"{stem}:{c['name']}", c["path"], c["expect"], method=c.get("method", "POST"),
@@ -121,7 +121,7 @@ def http_body(case: HttpCase, model: str) -> bytes | None:
         return case.raw
     if case.big is not None:
         template, spec = case.big
-        return template.encode().replace(b"@BIG@", _big_json(spec))
+        return template.replace("@MODEL@", model).encode().replace(b"@BIG@", _big_json(spec))
     return None
 
 

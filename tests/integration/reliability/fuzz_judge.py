@@ -120,6 +120,8 @@ def judge_http_ok(case: HttpCase, o: Outcome, model: str) -> list[str]:
                                 f"{answer['usage']['completion_tokens']}")
     elif case.path == "/v1/responses":
         problems += _judge_response(o.body)
+    elif case.path.startswith("/v1/messages"):
+        problems += _judge_message(o.body, case.path)
     elif case.check_model_id:
         answer = _json(o.body)
         if not isinstance(answer, dict) or answer.get("id") != model:
@@ -143,12 +145,54 @@ def _judge_response(body: bytes) -> list[str]:
     return []
 
 
+MESSAGE_STOPS = {"end_turn", "max_tokens", "stop_sequence", "tool_use"}
+
+
+def _judge_message(body: bytes, path: str) -> list[str]:
+    """An Anthropic Messages answer: {"input_tokens"} from count_tokens, a message with a stop
+    reason, or a stream of events ending message_stop (no error event)."""
+    text = body.decode("utf-8", "replace")
+    answer = _json(body)
+    if path.endswith("/count_tokens"):
+        ok = isinstance(answer, dict) and isinstance(answer.get("input_tokens"), int) and answer["input_tokens"] > 0
+        return [] if ok else [f"not a token count: {text[:600]!r}"]
+    if text.startswith("event: "):
+        types = [line.removeprefix("event: ") for line in text.splitlines() if line.startswith("event: ")]
+        if types[:1] != ["message_start"] or types[-1:] != ["message_stop"] or "error" in types:
+            return [f"the stream does not run message_start .. message_stop: {text[-300:]!r}"]
+        return []
+    if not isinstance(answer, dict) or answer.get("type") != "message" or not isinstance(answer.get("content"), list) \
+            or answer.get("stop_reason") not in MESSAGE_STOPS:
+        return [f"not a finished message: {text[:600]!r}"]
+    return []
+
+
+def _judge_anthropic_4xx(case: HttpCase, o: Outcome) -> list[str]:
+    """/v1/messages answers errors in Anthropic's shape {"type": "error", "error": {"type",
+    "message"}}: no param, the message starts with the field it names."""
+    body = _json(o.body)
+    err = body.get("error") if isinstance(body, dict) else None
+    if body is None or body.get("type") != "error" or not isinstance(err, dict) or \
+            not isinstance(err.get("type"), str) or not isinstance(err.get("message"), str) or not err["message"]:
+        return [f"not Anthropic's error shape: {o.show()}"]
+    if "Traceback" in err["message"]:
+        return [f"a traceback in the message: {o.show()}"]
+    if case.param is not None:
+        named = re.match(r"[\w.\[\]]+", err["message"])
+        named = named.group() if named else None
+        if not (named == case.param or _names_a_path_under(named, case.param) or case.param_optional):
+            return [f"want the message to start with {case.param!r}: {o.show()}"]
+    return []
+
+
 def judge_http_4xx(case: HttpCase, o: Outcome) -> list[str]:
     if not (isinstance(o.status, int) and 400 <= o.status < 500):
         return [f"want 4xx, got {o.show()}"]
     problems = []
     if case.status is not None and o.status != case.status:
         problems.append(f"want HTTP {case.status}, got {o.status}")
+    if case.path.startswith("/v1/messages"):
+        return problems + _judge_anthropic_4xx(case, o)
     body = _json(o.body)
     err = body.get("error") if isinstance(body, dict) else None
     if not isinstance(err, dict) or not ERROR_KEYS <= set(err):

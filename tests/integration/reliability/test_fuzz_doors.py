@@ -10,8 +10,9 @@ then the API process's memory after a gc period. The tests below judge what it r
 
 - every corpus entry (one test each): `expect` "4xx" is an HTTP status in 400-499 with a body
   in OpenAI's error shape {"error": {"message", "type", "param", "code"}} (`param` equal to the
-  field as the client sent it, where the entry names one; `status` exact where given), or a
-  non-OK gRPC status that is not INTERNAL/UNKNOWN (nor UNAVAILABLE/DEADLINE_EXCEEDED/CANCELLED:
+  field as the client sent it, where the entry names one; `status` exact where given; on
+  /v1/messages Anthropic's shape {"type": "error", "error": {"type", "message"}}, the message
+  starting with that field), or a non-OK gRPC status that is not INTERNAL/UNKNOWN (nor UNAVAILABLE/DEADLINE_EXCEEDED/CANCELLED:
   the server failed or hung); "ok" is a 200 with a real answer (OK and a finished stream on
   gRPC); "either" is one of the two;
 - every normal stream during the fuzzing equals its reference, token for token;
@@ -280,7 +281,8 @@ def test_the_corpus_covers_what_it_must():
                    "response_format", "tools", "tool_choice", "functions", "guided_json",
                    "structured_outputs", "prompt_logprobs", "GET /v1/nope", "garbage bytes",
                    "unknown varint field", "uint32 max", "int32 min", "6 MB message", "50 MB message",
-                   "1M token ids", "responses:previous_response_id", "responses:input_image"):
+                   "1M token ids", "responses:previous_response_id", "responses:input_image",
+                   "messages:image", "messages:thinking enabled", "messages:web_search tool"):
         assert needle in ids, needle
     fields = {c.id.split(":")[-1].split("=")[0] for c in HTTP_CASES if c.id.startswith("types:")}
     for f in ("n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
