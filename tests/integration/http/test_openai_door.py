@@ -92,7 +92,7 @@ def test_models_by_id(client, model_name):
 
 
 @pytest.mark.parametrize("method, path", [("GET", "/v1/embeddings"), ("POST", "/v1/embeddings"),
-                                          ("POST", "/v1/responses"), ("GET", "/nope")])
+                                          ("POST", "/v1/audio/speech"), ("GET", "/nope")])
 def test_unknown_routes_are_404_in_openai_shape(cluster, method, path):
     req = urllib.request.Request(cluster.http_url + path, method=method, data=b"{}" if method == "POST" else None,
                                  headers={"authorization": f"Bearer {API_KEY}", "content-type": "application/json"})
