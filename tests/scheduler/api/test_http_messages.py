@@ -147,3 +147,16 @@ def test_errors_are_in_anthropics_shape(served):
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(model="tiny", max_tokens=4, messages=HI, extra_body={"frequency_penalty": 1})
     assert e.value.body["error"]["message"].startswith("frequency_penalty: ")
+
+
+@pytest.mark.parametrize("messages, field", [
+    ([{"role": "user", "content": [{"type": "text", "text": ""}]}], "messages.0.content.0.text"),
+    ([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                    "content": [{"type": "text", "text": ""}]}]}], "messages.0.content.0.content"),
+])
+def test_an_empty_text_block_is_refused_naming_it(served, messages, field):
+    client, engine = served
+    with pytest.raises(anthropic.BadRequestError) as e:
+        _create(client, messages=messages)
+    assert e.value.status_code == 400 and e.value.body["error"]["type"] == "invalid_request_error"
+    assert field in e.value.body["error"]["message"] and not engine.prompts

@@ -24,7 +24,7 @@ class CacheControl(_Body):
 
 class TextBlock(_Body):
     type: Literal["text"]
-    text: str
+    text: str = Field(min_length=1)  # as Anthropic's: "text content blocks must be non-empty"
     cache_control: CacheControl | None = None
     # (citations: null only, which is "unset"; a list of citations is refused as unknown)
 
