@@ -5,7 +5,6 @@ token-exact). This SDK has no temperature argument: it goes in extra_body, as An
 field."""
 
 import json
-import time
 
 import pytest
 
@@ -13,7 +12,7 @@ anthropic = pytest.importorskip("anthropic")
 jsonschema = pytest.importorskip("jsonschema")
 
 from protos.llmserve.v1 import llmserve_pb2 as pb  # noqa: E402
-from tests.integration.http.conftest import API_KEY, AUTH  # noqa: E402
+from tests.integration.http.conftest import API_KEY, AUTH, wait_until_idle  # noqa: E402
 
 WEATHER = {"name": "get_weather", "description": "Weather forecast",
            "input_schema": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
@@ -270,10 +269,4 @@ def test_a_client_that_leaves_a_stream_cancels_the_request(cluster, claude, mode
                 break
         running = cluster.stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=10, metadata=AUTH).num_running
     assert running == 1
-    deadline = time.monotonic() + 10
-    while True:
-        s = cluster.stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=10, metadata=AUTH)
-        if s.num_running == 0 and s.num_waiting == 0:
-            break
-        assert time.monotonic() < deadline, "the request ran on after its client left"
-        time.sleep(0.05)
+    wait_until_idle(cluster, "the request ran on after its client left")

@@ -3,7 +3,6 @@ tiny random llama, no tool flags), driven with the `openai` package's `responses
 compared with chat completions of the same messages on the same engine (greedy: token-exact)."""
 
 import json
-import time
 
 import pytest
 
@@ -11,7 +10,7 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
 from protos.llmserve.v1 import llmserve_pb2 as pb  # noqa: E402
-from tests.integration.http.conftest import AUTH  # noqa: E402
+from tests.integration.http.conftest import AUTH, wait_until_idle  # noqa: E402
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather forecast", "strict": True,
            "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "days"],
@@ -255,10 +254,4 @@ def test_a_client_that_leaves_a_stream_cancels_the_request(cluster, client, mode
     running = cluster.stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=10, metadata=AUTH).num_running
     stream.close()
     assert running == 1
-    deadline = time.monotonic() + 10
-    while True:
-        s = cluster.stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=10, metadata=AUTH)
-        if s.num_running == 0 and s.num_waiting == 0:
-            break
-        assert time.monotonic() < deadline, "the request ran on after its client left"
-        time.sleep(0.05)
+    wait_until_idle(cluster, "the request ran on after its client left")

@@ -58,3 +58,38 @@ def test_the_stream_adds_up_to_the_same_blocks(claude, model):
 def test_disable_parallel_tool_use_keeps_the_first_call(claude, model):
     m = claude.messages.create(**_kw(model, tool_choice={"type": "auto", "disable_parallel_tool_use": True}))
     assert _blocks(m) == BLOCKS[:2] and m.stop_reason == "tool_use"
+
+
+@pytest.fixture(scope="module")
+def builtin_claude(builtin_cluster):
+    with anthropic.Anthropic(base_url=builtin_cluster.http_url, api_key="none", max_retries=0, timeout=60) as c:
+        yield c
+
+
+def test_the_builtin_model_streams_a_message(builtin_claude, builtin):
+    """Issue 25's "a Messages streaming call works with the built-in model": the streamed text is
+    the collected message's, and the usage agrees."""
+    kw = {"model": builtin.models.list().data[0].id, "max_tokens": 24, "system": "Answer in one sentence.",
+          "messages": [{"role": "user", "content": "What is the capital of France?"}],
+          "extra_body": {"temperature": 0}}
+    collected = builtin_claude.messages.create(**kw)
+    with builtin_claude.messages.stream(**kw) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert collected.stop_reason in ("end_turn", "max_tokens") and final.stop_reason == collected.stop_reason
+    assert text == collected.content[0].text == final.content[0].text and text.strip()
+    assert final.usage.output_tokens == collected.usage.output_tokens <= 24
+    assert final.usage.input_tokens == collected.usage.input_tokens == builtin_claude.messages.count_tokens(
+        model=kw["model"], system=kw["system"], messages=kw["messages"]).input_tokens
+
+
+def test_the_builtin_model_uses_a_named_tool(builtin_claude, builtin):
+    weather = {"name": "get_weather", "input_schema": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+        "additionalProperties": False}}
+    m = builtin_claude.messages.create(
+        model=builtin.models.list().data[0].id, max_tokens=40, tools=[weather],
+        tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+    assert m.stop_reason == "tool_use" and [b.type for b in m.content] == ["tool_use"]
+    assert m.content[0].name == "get_weather" and isinstance(m.content[0].input["city"], str)
