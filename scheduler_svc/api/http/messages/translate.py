@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 from scheduler_svc.api.http.constraints import JsonSchemaFormat, ResponseFormat
+from scheduler_svc.api.http.field_names import message_param, renamed
 from scheduler_svc.api.http.messages.schemas import (MessagesRequest, TextBlock, ToolResultBlock, ToolUseBlock,
                                                      _Prompt)
 from scheduler_svc.api.http.schemas import ChatCompletionRequest, ChatMessage
@@ -49,10 +50,10 @@ class ChatOfMessages:
         if param is None:
             return None
         if param.startswith("messages."):
-            head, _, rest = param.removeprefix("messages.").partition(".")
-            if not head.isdigit() or int(head) >= len(self.origins):
+            found = message_param(param, len(self.origins))
+            if found is None:
                 return "messages"
-            origin, key = self.origins[int(head)], rest.partition(".")[0]
+            origin, key = self.origins[found[0]], found[1].partition(".")[0]
             if origin == "system" or not key:
                 return origin
             if key == "tool_call_id":
@@ -62,10 +63,7 @@ class ChatOfMessages:
             head, _, rest = param.partition(".function.")  # tools.2.function.parameters.x
             key, dot, tail = rest.partition(".")
             return head + "." + _TOOL_KEYS.get(key, key) + dot + tail
-        for ours, theirs in _FORMAT:
-            if param == ours or param.startswith(ours + "."):
-                return theirs + param[len(ours):]
-        return _FIELDS.get(param, param)
+        return renamed(param, _FORMAT, _FIELDS)
 
     def client_message(self, message: str) -> str:
         """A refusal's message with the chat's field names as this request spells them."""

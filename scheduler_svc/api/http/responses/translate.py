@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 from scheduler_svc.api.http.constraints import JsonSchemaFormat, ResponseFormat
+from scheduler_svc.api.http.field_names import message_param, renamed
 from scheduler_svc.api.http.responses.refuse import LOGPROBS
 from scheduler_svc.api.http.responses.schemas import (FunctionCallItem, FunctionCallOutputItem, FunctionChoice,
                                                       MessageItem, ResponsesRequest, TextPart)
@@ -50,20 +51,18 @@ class ChatOfResponse:
         if param is None:
             return None
         if param.startswith("messages."):
-            head, _, rest = param.removeprefix("messages.").partition(".")
-            if not head.isdigit() or int(head) >= len(self.origins):
+            found = message_param(param, len(self.origins))
+            if found is None:
                 return "input"
-            if self.origins[int(head)] == PREVIOUS:
+            origin = self.origins[found[0]]
+            if origin == PREVIOUS:
                 return PREVIOUS  # a message of the kept conversation
-            key, _, tail = rest.partition(".")
+            key, _, tail = found[1].partition(".")
             key = _MESSAGE_KEYS.get(key, key)
-            return ".".join(p for p in (self.origins[int(head)], key, tail) if p)
+            return ".".join(p for p in (origin, key, tail) if p)
         if param.startswith("tools.") and ".function." in param:
             return param.replace(".function.", ".", 1)  # tools.2.function.name -> tools.2.name
-        for ours, theirs in _FORMAT:
-            if param == ours or param.startswith(ours + "."):
-                return theirs + param[len(ours):]
-        return _FIELDS.get(param, param)
+        return renamed(param, _FORMAT, _FIELDS)
 
     def client_message(self, message: str) -> str:
         """A refusal's message with the chat's field names as this request spells them."""
