@@ -3,31 +3,84 @@
 a scripted engine, the prompt a previous_response_id rebuilds, GET/DELETE/input_items, a
 streamed response kept, and storing off."""
 
+import gc
+import sys
+import tracemalloc
+
 import pytest
 
 openai = pytest.importorskip("openai")
 
-from scheduler_svc.api.http.responses.store import VALUE_BYTES, ResponseStore, StoredResponse, size_of  # noqa: E402
+from scheduler_svc.api.http.responses import stored  # noqa: E402
+from scheduler_svc.api.http.responses.schemas import ResponsesRequest  # noqa: E402
+from scheduler_svc.api.http.responses.store import (ENTRY_OVERHEAD, OBJECT_OVERHEAD, ResponseStore,  # noqa: E402
+                                                    StoredResponse, counted_bytes)
 from scheduler_svc.api.tools.plan import ToolSettings  # noqa: E402
 from scheduler_svc.core.request import FinishReason  # noqa: E402
 from tests.scheduler.api.tools.scripted import serving  # noqa: E402
 
 
 def _entry(num_bytes: int) -> StoredResponse:
-    return StoredResponse({}, (), 0, 0, 0, num_bytes)
+    return StoredResponse(b"{}", (), 0, num_bytes)
 
 
 # ---------------------------------------------------------------- the store
 
 
-def test_size_counts_text_bytes_and_values():
-    assert size_of("ab") == VALUE_BYTES + 2
-    assert size_of({"k": "é"}) == 3 * VALUE_BYTES + 1 + 2  # the dict, its key, its value
-    assert size_of([1, None, ("x",)]) == 5 * VALUE_BYTES + 1
-    deep = {}
-    for _ in range(100_000):  # no recursion
-        deep = {"a": deep}
-    assert size_of(deep) == 200_001 * VALUE_BYTES + 100_000
+def test_an_entry_is_counted_by_its_bytes_objects():
+    turns = ((b"[1]", b"[]"), (b'["\xc3\xa9"]', b"[2,3]"))
+    assert counted_bytes(b'{"id":1}', turns) == ENTRY_OVERHEAD + 8 + 3 + 2 + 6 + 5 + 5 * OBJECT_OVERHEAD
+    assert sys.getsizeof(b"") + 8 <= OBJECT_OVERHEAD  # a bytes object's header and its tuple slot
+
+
+def _response(i: int, text: str) -> dict:
+    """A finished response's object as output.py answers it (the fields the store reads and more)."""
+    return {"id": f"resp_{i}", "object": "response", "status": "completed", "metadata": {"k": "v" * 100},
+            "output": [{"type": "message", "id": f"msg_{i}", "status": "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": text, "annotations": []}]},
+                       {"type": "function_call", "id": f"fc_{i}", "status": "completed", "call_id": f"call_{i}",
+                        "name": "get_weather", "arguments": '{"city": "Paris"}'}]}
+
+
+def _traced_growth(build) -> int:
+    """Bytes still allocated (tracemalloc) after build() than before it, the temporaries gone."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        build()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_the_bytes_counted_bound_the_memory_held(chained):
+    """Kept responses, independent or each continuing the last, hold no more memory than they
+    are counted for, and independent ones at least half of it (the count is not a loose guess)."""
+    store = ResponseStore(max_entries=10_000, max_bytes=1 << 40)
+    inputs = [[{"role": "user", "content": f"question {i} " + "é" * (i % 7) * 30},
+               {"role": "user", "content": [{"type": "input_text", "text": "x" * (i % 13) * 20}]},
+               {"type": "function_call_output", "call_id": f"call_{i}", "output": "sunny " * 10}]
+              for i in range(400)]
+    bodies = [ResponsesRequest.model_validate({"model": "m", "input": items}) for items in inputs]
+
+    def build():
+        before = None
+        for i, body in enumerate(bodies):
+            stored.keeper(store, body, before if chained else None)(_response(i, f"answer {i} " * 20))
+            before = store.get(f"resp_{i}")
+
+    held = _traced_growth(build)
+    assert len(store) == len(bodies) and held <= store.num_bytes, (held, store.num_bytes)
+    if not chained:
+        assert held >= store.num_bytes // 2, (held, store.num_bytes)
+    last = store.get(f"resp_{len(bodies) - 1}")
+    conversation = stored.conversation(last)  # what a continuation rebuilds: the kept items, exactly
+    assert len(conversation) == last.num_items == (len(bodies) if chained else 1) * 5
+    assert conversation[-5].content == inputs[-1][0]["content"] and conversation[-1].arguments == '{"city": "Paris"}'
+    assert [i.model_dump(exclude_none=True)["output"] for i in stored.input_items(last)[2:]] == ["sunny " * 10]
 
 
 def test_the_least_recently_used_goes_first_by_count():

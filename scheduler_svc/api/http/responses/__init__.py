@@ -42,7 +42,7 @@ def add_routes(app: FastAPI, ctx: HttpContext) -> None:
 def _check_count(body: ResponsesRequest, before, limit: int) -> None:
     """The items of the input, and of the conversation it continues, within --max-chat-messages."""
     num_own = len(body.input) if isinstance(body.input, list) else 1
-    num_before = len(before.conversation) if before is not None else 0
+    num_before = before.num_items if before is not None else 0
     if num_before + num_own > limit:
         raise invalid(f"the conversation of previous_response_id has {num_before} items and input "
                       f"{num_own}: {num_before + num_own} in all; the limit is {limit} (--max-chat-messages)",
@@ -59,7 +59,7 @@ async def _create(ctx: HttpContext, store: ResponseStore, request: Request, body
     check_refused(body)
     before = stored.previous(store, body)
     _check_count(body, before, limit)
-    translated = to_chat(body, before.conversation if before is not None else ())
+    translated = to_chat(body, stored.conversation(before) if before is not None else ())
     logprobs = LOGPROBS in (body.include or ())
     try:
         prompt, raw, plan = prepare_chat(translated.chat, ctx.tools, ctx.admission.sizes)
@@ -70,7 +70,7 @@ async def _create(ctx: HttpContext, store: ResponseStore, request: Request, body
     except RequestError as e:  # the chat's fields named as the client spelled them
         e.param, e.message = translated.client_param(e.param), translated.client_message(e.message)
         if before is not None and e.param == "input":
-            e.message += (f" (the input after the {len(before.conversation)} items of the conversation "
+            e.message += (f" (the input after the {before.num_items} items of the conversation "
                           "of previous_response_id)")
         raise
     record.admitted(record.request_id, len(admitted[0]))

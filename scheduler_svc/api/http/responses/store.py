@@ -3,12 +3,15 @@
 bytes (--responses-store-max-entries, --responses-store-max-bytes), least recently used dropped
 first; nothing survives a restart.
 
-An entry is a snapshot: the response object as it was answered and the whole conversation the
-next turn continues (the conversation of its own previous response, its input items, its output
-items), so a response stays continuable while it is kept even when the responses before it are
-dropped or deleted. Entries share their items (the conversation of a turn is the same item
-objects as the turn before plus its own), but each is counted in full: the bytes counted bound
-the memory held from above.
+An entry is a snapshot kept as compact JSON: the response object as it was answered and, turn by
+turn, the input and output items of the whole conversation the next turn continues (its own
+previous response's turns, then its own), so a response stays continuable while it is kept even
+when the responses before it are dropped or deleted. Entries share the bytes of their earlier
+turns (the same immutable objects), but each is counted in full, its bytes plus
+OBJECT_OVERHEAD for each object it holds: the bytes counted bound the memory held from above
+(tests/scheduler/api/test_responses_store.py measures it with tracemalloc). Kept as Python
+objects instead (the items as models, the response as dicts), CPython's 50-100 bytes a value
+made the memory held several times what a count of the text could bound.
 
 Concurrency: the store is read and written only on the API process's event loop (the routes and
 the responses' jobs), never from a thread, so it needs no lock; no method awaits."""
@@ -18,45 +21,26 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from pydantic import BaseModel
-
-VALUE_BYTES = 16  # counted per value (a str, number, list, dict or model) on top of its text
-
-
-def size_of(value) -> int:
-    """The bytes a value is counted for: the UTF-8 bytes of its strings (keys too) plus
-    VALUE_BYTES per value. Iterative (a deep schema does not recurse); pydantic models count by
-    their fields."""
-    total, stack = 0, [value]
-    while stack:
-        v = stack.pop()
-        total += VALUE_BYTES
-        if isinstance(v, str):
-            total += len(v) if v.isascii() else len(v.encode("utf-8", "surrogatepass"))
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-        elif isinstance(v, BaseModel):
-            stack.append(v.__dict__)
-    return total
+# What one kept object costs beyond its payload: a bytes object's header (sys.getsizeof(b"") =
+# 33), rounded up for the allocator's alignment, and its place in a tuple (8).
+OBJECT_OVERHEAD = 64
+ENTRY_OVERHEAD = 512  # the entry, its tuples, its key in the store and the store's links
 
 
 @dataclass(frozen=True)
 class StoredResponse:
-    """One kept response."""
+    """One kept response: JSON bytes, decoded where they are used (stored.py)."""
 
-    response: dict  # the response object as answered (GET /v1/responses/{id})
-    conversation: tuple  # input items (schemas.Item) the next turn continues: the chain, its input, its output
-    input_start: int  # conversation[input_start:input_end] is this response's own input
-    input_end: int
-    conversation_bytes: int  # size_of the conversation (the next turn's starts from it)
-    num_bytes: int  # and of the response: what the entry is counted for
+    response_json: bytes  # the response object as answered (GET /v1/responses/{id})
+    turns: tuple[tuple[bytes, bytes], ...]  # each turn's (input items, output items) JSON arrays; the last is this response's
+    num_items: int  # items in the conversation (all the turns' input and output)
+    num_bytes: int  # what the entry is counted for (counted_bytes)
 
-    @property
-    def input_items(self) -> tuple:
-        return self.conversation[self.input_start:self.input_end]
+
+def counted_bytes(response_json: bytes, turns: tuple[tuple[bytes, bytes], ...]) -> int:
+    """The memory an entry holds, from above: its bytes objects' payloads and headers."""
+    payload = len(response_json) + sum(len(a) + len(b) for a, b in turns)
+    return ENTRY_OVERHEAD + payload + OBJECT_OVERHEAD * (1 + 2 * len(turns))
 
 
 class ResponseStore:

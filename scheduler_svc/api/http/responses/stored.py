@@ -10,16 +10,34 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import FastAPI, Request
+import json
+
+from fastapi import FastAPI, Request, Response
+from pydantic import TypeAdapter
 
 from scheduler_svc.api.http import errors
-from scheduler_svc.api.http.responses.schemas import (FunctionCallItem, FunctionCallOutputItem, MessageItem,
+from scheduler_svc.api.http.responses.schemas import (FunctionCallItem, FunctionCallOutputItem, Item, MessageItem,
                                                       ResponsesRequest, TextPart)
-from scheduler_svc.api.http.responses.store import ResponseStore, StoredResponse, size_of
+from scheduler_svc.api.http.responses.store import ResponseStore, StoredResponse, counted_bytes
 from scheduler_svc.api.validation import invalid
 
 _ID_PREFIX = {MessageItem: "msg", FunctionCallItem: "fc", FunctionCallOutputItem: "fco"}
 MAX_PAGE = 100  # input_items' limit, as OpenAI's (1 to 100, default 20)
+_ITEMS = TypeAdapter(list[Item])  # a turn's items <-> its JSON bytes in the store
+
+
+def conversation(entry: StoredResponse) -> tuple:
+    """The kept conversation the next turn continues, as items: every turn's input, then output."""
+    return tuple(item for turn in entry.turns for part in turn for item in _ITEMS.validate_json(part))
+
+
+def input_items(entry: StoredResponse) -> list:
+    """The response's own input items."""
+    return _ITEMS.validate_json(entry.turns[-1][0])
+
+
+def _dump(items: tuple) -> bytes:
+    return _ITEMS.dump_json(list(items), exclude_none=True)
 
 
 def _why_absent(store: ResponseStore) -> str:
@@ -70,12 +88,13 @@ def keeper(store: ResponseStore, body: ResponsesRequest, before: StoredResponse 
         return None
 
     def keep(response: dict) -> None:
-        chain = before.conversation if before is not None else ()
-        own, output = _own_items(body), _output_items(response["output"])
-        conversation_bytes = (before.conversation_bytes if before is not None else 0) + size_of(own) + size_of(output)
-        store.put(response["id"], StoredResponse(
-            response, chain + own + output, len(chain), len(chain) + len(own), conversation_bytes,
-            conversation_bytes + size_of(response)))
+        turns = (before.turns if before is not None else ()) + (
+            (_dump(_own_items(body)), _dump(_output_items(response["output"]))),)
+        response_json = json.dumps(response, ensure_ascii=False, separators=(",", ":")).encode()
+        num_items = (before.num_items if before is not None else 0) + \
+            (1 if isinstance(body.input, str) else len(body.input)) + len(response["output"])
+        store.put(response["id"], StoredResponse(response_json, turns, num_items,
+                                                 counted_bytes(response_json, turns)))
     return keep
 
 
@@ -106,7 +125,8 @@ def _page(entry: StoredResponse, query: dict[str, str]) -> dict:
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise invalid(f'order must be "asc" or "desc", got {order[:20]!r}', "order")
-    items = list(entry.input_items if order == "asc" else reversed(entry.input_items))
+    own = input_items(entry)
+    items = own if order == "asc" else own[::-1]
     start = 0
     if "after" in query:
         ids = [item.id for item in items]
@@ -132,7 +152,7 @@ def add_stored_routes(app: FastAPI, store: ResponseStore) -> None:
         if _query(request, ("stream",)).get("stream", "false") != "false":
             raise invalid("stream: a kept response is answered as one object (stream false); its "
                           "events are not replayed", "stream")
-        return kept(response_id).response
+        return Response(kept(response_id).response_json, media_type="application/json")
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str, request: Request):
