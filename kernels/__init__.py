@@ -168,13 +168,15 @@ def gumbel_sample(
     temperature: torch.Tensor,  # [N] float32; <= 0 = greedy (plain argmax)
     seeds: torch.Tensor,  # [N] int64
     positions: torch.Tensor,  # [N] int64
+    allowed: torch.Tensor | None = None,  # [N, ceil(V / 32)] int32: a token bitmask per row (None: all)
 ) -> torch.Tensor:
-    """Gumbel-max sampling, [N] int64: argmax_j(logits / max(T, 1e-5) + g(seed, position, j))."""
+    """Gumbel-max sampling, [N] int64: argmax_j(logits / max(T, 1e-5) + g(seed, position, j)),
+    over the tokens each row's bitmask allows (bit j % 32 of word j // 32)."""
     if logits.is_cuda:
         from kernels.sampling import gumbel_sample_triton
 
-        return gumbel_sample_triton(logits, temperature, seeds, positions)
-    return reference.gumbel_sample_reference(logits, temperature, seeds, positions)
+        return gumbel_sample_triton(logits, temperature, seeds, positions, allowed)
+    return reference.gumbel_sample_reference(logits, temperature, seeds, positions, allowed)
 
 
 def skinny_linear(

@@ -187,16 +187,27 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int)
     return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
+def bitmask_allows(allowed: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[N, words] int32 token bitmask -> [N, vocab] bool: token j is allowed when bit j % 32 of
+    word j // 32 is set (llguidance's layout, structured outputs)."""
+    j = torch.arange(vocab, device=allowed.device)
+    return ((allowed[:, j // 32] >> (j % 32).to(torch.int32)) & 1).bool()
+
+
 def gumbel_sample_reference(
     logits: torch.Tensor,  # [N, V] float32 or bfloat16; -inf = never chosen
     temperature: torch.Tensor,  # [N] float32; <= 0 = greedy
     seeds: torch.Tensor,  # [N] int64
     positions: torch.Tensor,  # [N] int64
+    allowed: torch.Tensor | None = None,  # [N, ceil(V / 32)] int32 token bitmask (bitmask_allows)
 ) -> torch.Tensor:
     """Gumbel-max sampling: [N] int64, row r = argmax_j(logits[r, j] / max(T[r], 1e-5) + g) with
     g = -log(-log(u)), u = uniform_noise(seed, position, j); rows with T <= 0 (not > 0) take
-    argmax_j logits[r, j]. Math in float32; ties go to the lowest index (torch.argmax)."""
+    argmax_j logits[r, j]; with `allowed`, over the tokens the row's bitmask allows (the others
+    are -inf first). Math in float32; ties go to the lowest index (torch.argmax)."""
     logits = logits.float()
+    if allowed is not None:
+        logits = logits.masked_fill(~bitmask_allows(allowed, logits.shape[-1]), float("-inf"))
     greedy = logits.argmax(dim=-1)
     scaled = logits / temperature.float().clamp_min(1e-5)[:, None]
     u = uniform_noise(seeds, positions, logits.shape[-1])

@@ -3,7 +3,8 @@
 Stage 1, `_gumbel_sample_kernel`, grid (N, num_chunks): a program walks one chunk of one row in
 BLOCK-wide tiles, computes score = logits / max(T, 1e-5) + g (g = -log(-log(u)), u from the
 counter hash of kernels/reference.py, in uint32) or score = logits on greedy rows (T <= 0), and
-keeps a per-lane running (max, first index); it writes its chunk's (max, lowest index of the max)
+keeps a per-lane running (max, first index), a token a row's bitmask (structured outputs) does not
+allow scoring -inf; it writes its chunk's (max, lowest index of the max)
 to a float32/int32 scratch [N, num_chunks]. Stage 2, `_argmax_reduce_kernel`, grid (N,): max over
 the chunks, lowest index among the chunks holding it. num_chunks depends on V only, scratch and
 output are allocated from shapes: no host sync, CUDA-graph capturable.
@@ -38,9 +39,10 @@ def _mix32(x):
 
 
 @triton.jit
-def _chunk_argmax(row_ptr, start, end, vocab, key, temperature, ADD_NOISE: tl.constexpr,
-                  BLOCK: tl.constexpr):
-    """(max score, lowest index of it) over [start, min(end, vocab)); index `vocab` if empty."""
+def _chunk_argmax(row_ptr, mask_row_ptr, start, end, vocab, key, temperature, ADD_NOISE: tl.constexpr,
+                  HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
+    """(max score, lowest index of it) over [start, min(end, vocab)); index `vocab` if empty.
+    HAS_MASK: token j scores -inf unless bit j % 32 of word j // 32 of the row's mask is set."""
     lanes = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_idx = tl.full([BLOCK], vocab, tl.int32)
@@ -54,6 +56,9 @@ def _chunk_argmax(row_ptr, start, end, vocab, key, temperature, ADD_NOISE: tl.co
             u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
             gumbel = -tl.log(-tl.log(u))
             x = tl.math.div_rn(x, temperature) + gumbel
+        if HAS_MASK:
+            word = tl.load(mask_row_ptr + (offs >> 5), mask=valid, other=0)
+            x = tl.where(((word >> (offs & 31)) & 1) != 0, x, float("-inf"))
         # Strictly greater keeps a lane's earliest index on ties; the first valid entry of a lane
         # is always taken, so an all -inf row still yields its first index (as torch.argmax).
         take = valid & ((x > best) | (best_idx == vocab))
@@ -66,13 +71,14 @@ def _chunk_argmax(row_ptr, start, end, vocab, key, temperature, ADD_NOISE: tl.co
 
 @triton.jit
 def _gumbel_sample_kernel(
-    logits_ptr, temperature_ptr, seeds_ptr, positions_ptr, max_ptr, idx_ptr,
-    stride_l, vocab, chunk_size, num_chunks,
-    BLOCK: tl.constexpr,
+    logits_ptr, temperature_ptr, seeds_ptr, positions_ptr, mask_ptr, max_ptr, idx_ptr,
+    stride_l, stride_m, vocab, chunk_size, num_chunks,
+    HAS_MASK: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * stride_l
+    mask_row_ptr = mask_ptr + row.to(tl.int64) * stride_m
     start = chunk * chunk_size
     end = start + chunk_size
     temperature = tl.load(temperature_ptr + row)
@@ -82,10 +88,11 @@ def _gumbel_sample_kernel(
         seed_lo = seed.to(tl.uint32)  # int64 -> uint32 truncates: the low 32 bits
         seed_hi = (seed >> 32).to(tl.uint32)
         key = _mix32(_mix32(_mix32(seed_lo ^ 0x9E3779B9) ^ seed_hi) ^ position.to(tl.uint32))
-        chunk_max, chunk_idx = _chunk_argmax(row_ptr, start, end, vocab, key,
-                                             tl.maximum(temperature, 1e-5), True, BLOCK)
+        chunk_max, chunk_idx = _chunk_argmax(row_ptr, mask_row_ptr, start, end, vocab, key,
+                                             tl.maximum(temperature, 1e-5), True, HAS_MASK, BLOCK)
     else:
-        chunk_max, chunk_idx = _chunk_argmax(row_ptr, start, end, vocab, 0, 1.0, False, BLOCK)
+        chunk_max, chunk_idx = _chunk_argmax(row_ptr, mask_row_ptr, start, end, vocab, 0, 1.0, False,
+                                             HAS_MASK, BLOCK)
     tl.store(max_ptr + row * num_chunks + chunk, chunk_max)
     tl.store(idx_ptr + row * num_chunks + chunk, chunk_idx)
 
@@ -116,6 +123,7 @@ def gumbel_sample_triton(
     temperature: torch.Tensor,  # [N] float32; <= 0 = greedy
     seeds: torch.Tensor,  # [N] int64
     positions: torch.Tensor,  # [N] int64
+    allowed: torch.Tensor | None = None,  # [N, ceil(V / 32)] int32 token bitmask, or None
 ) -> torch.Tensor:
     """[N] int64 sampled ids; same contract as kernels.reference.gumbel_sample_reference."""
     check_tensor("logits", logits, 2, (torch.float32, torch.bfloat16))
@@ -129,6 +137,12 @@ def gumbel_sample_triton(
             raise ValueError(f"{name} has {t.shape[0]} entries, logits has {num_rows} rows")
     if vocab == 0 or vocab >= 2**31 - 1:
         raise ValueError(f"vocab size must be in [1, 2**31 - 1), got {vocab}")
+    if allowed is not None:
+        check_tensor("allowed", allowed, 2, (torch.int32,))
+        check_same_device(logits=logits, allowed=allowed)
+        if allowed.shape[0] != num_rows or allowed.shape[1] * 32 < vocab or allowed.stride(1) != 1:
+            raise ValueError(f"allowed must be [{num_rows}, >= {triton.cdiv(vocab, 32)}] with contiguous "
+                             f"rows, got {tuple(allowed.shape)}")
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
@@ -137,9 +151,9 @@ def gumbel_sample_triton(
     chunk_max = torch.empty(num_rows, num_chunks, dtype=torch.float32, device=logits.device)
     chunk_idx = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=logits.device)
     _gumbel_sample_kernel[(num_rows, num_chunks)](
-        logits, temperature, seeds, positions, chunk_max, chunk_idx,
-        logits.stride(0), vocab, chunk_size, num_chunks,
-        BLOCK=BLOCK, num_warps=4,
+        logits, temperature, seeds, positions, allowed if allowed is not None else logits,
+        chunk_max, chunk_idx, logits.stride(0), allowed.stride(0) if allowed is not None else 0,
+        vocab, chunk_size, num_chunks, HAS_MASK=allowed is not None, BLOCK=BLOCK, num_warps=4,
     )
     _argmax_reduce_kernel[(num_rows,)](
         chunk_max, chunk_idx, out, vocab, num_chunks,

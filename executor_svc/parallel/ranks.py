@@ -41,6 +41,7 @@ class TensorParallelRanks:
     def __init__(self, tp: TensorParallel, workers=None):
         self.tp, self.channel, self.workers = tp, PlanChannel(tp), workers
         self.decides = tp.rank == 0
+        self.alone = False  # a step's broadcast of its last tokens stays inside its launch's guard
         self._lock = threading.Lock()  # rank 0: a command and its step's collectives go together
         self._closed = False
         self.received: np.ndarray | None = None  # ranks 1..: [R, 2] (row, slots) rank 0 gave back

@@ -2,12 +2,14 @@
 llmserve/structured), and the token masks of the rows a step samples.
 
 When: the scheduler plans step N+1 before it has seen step N's token, so a row's mask for N+1 is
-computed here, on the launch thread: the runner enqueues step N+1's forward first (it needs no
-mask: its input token is read on the device), then waits for step N's sampled ids, advances the
-matchers (`catch_up`), fills the masks of N+1's constrained rows on llguidance's threads and
-copies them non-blocking; the masked sampling is enqueued after the forward. The masks are
-computed while the device runs the forward (docs/scheduler.md, "Structured outputs"). Steps
-without a constrained row do none of this.
+computed here, on the executor. Step N+1's launch enqueues its forward (it needs no mask: its
+input token is read on the device) and returns; its masked sampling is enqueued later
+(worker/model_runner._flush): at the start of step N+2's launch, or by N+1's finish when no
+launch follows. By then step N's tokens were sampled before N+1's forward started, so advancing
+the matchers (`catch_up`) does not wait while the device has work queued; the masks of N+1's
+constrained rows are filled on llguidance's threads while N+1's forward runs, copied
+non-blocking, and tested inside the sampling kernel (kernels.gumbel_sample's `allowed`). Steps
+without a constrained row do none of this and sample in their launch.
 
 Compilation: a request's grammar is compiled when its row is added (the compiler's thread,
 cached per grammar text), and waited for at its first mask. The llguidance tokenizer is built
@@ -15,7 +17,8 @@ from the model folder's tokenizer.json on the first grammar (~0.5 s for 49k ids)
 
 A matcher that refuses a token or meets one of llguidance's limits fails its request alone (the
 step's failed_req_ids; the scheduler aborts it); until the row is forgotten its mask allows only
-EOS. One thread (the launch thread) advances the matchers.
+EOS. One thread at a time advances the matchers (the runner's lock: the launch thread, or a
+finish enqueueing its step's sampling).
 """
 
 from __future__ import annotations
@@ -48,8 +51,6 @@ class GrammarRows:
         self._compiler = self._batch = None
         words = (vocab_size + 31) // 32
         self.masks = Twin((max_num_seqs, words), torch.int32, device, fill=-1)  # [S, words] by sample index
-        bit = torch.arange(vocab_size, device=device)
-        self._word, self._shift = bit // 32, (bit % 32).to(torch.int32)
 
     def add(self, row: int, grammar: str, generated: list[int]) -> None:
         """Starts compiling a new request's grammar ("" = none); `generated`: its tokens sampled
@@ -101,12 +102,6 @@ class GrammarRows:
                 if matcher.error:
                     self._fail(int(rows[i]), f"the grammar failed: {matcher.error}")
         return self.masks.copy_to_device(n)
-
-    def apply(self, logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-        """logits [N, V] -> float32 logits with the tokens each row's mask forbids at -inf (a
-        new tensor: the logprobs stay the model's)."""
-        allowed = ((masks[:, self._word] >> self._shift) & 1).bool()
-        return logits.float().masked_fill(~allowed, float("-inf"))
 
     def take_failures(self, row_to_req: Callable[[int], int | None]) -> list[tuple[int, str]]:
         """(req_id, why) of the rows that failed since the last call, each reported once."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from kernels.reference import bitmask_allows
 from kernels.reference import uniform_noise  # noqa: F401  (re-exported: the hash lives there)
 
 
@@ -46,17 +47,20 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return logits.masked_fill(mask, float("-inf"))
 
 
-def sample(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+def sample(logits: torch.Tensor, params: SamplingTensors, allowed: torch.Tensor | None = None) -> torch.Tensor:
     """logits [N, V] (float32 or the model dtype) -> sampled token ids [N] int64 (greedy where
-    temperature == 0)."""
+    temperature == 0); allowed: [N, words] int32, the tokens each row may sample (structured
+    outputs' masks: a bit per token), or None."""
     temperature = params.temperature
-    if params.all_greedy and not logits.is_cuda:
+    if params.all_greedy and not logits.is_cuda and allowed is None:
         return logits.argmax(dim=-1)  # the torch reference would draw noise only to ignore it
     if not params.need_top_k_top_p:
         # One fused pass over the logits on CUDA (its multi-program argmax also beats torch's
-        # single-block argmax over a large vocabulary for greedy rows).
-        return kernels.gumbel_sample(logits, temperature, params.seeds, params.positions)
+        # single-block argmax over a large vocabulary for greedy rows); the masks' bit test in it.
+        return kernels.gumbel_sample(logits, temperature, params.seeds, params.positions, allowed)
     logits = logits.float()
+    if allowed is not None:  # the cut below must see only the tokens the grammar allows
+        logits = logits.masked_fill(~bitmask_allows(allowed, logits.shape[-1]), float("-inf"))
     # Cut the scaled logits, then sample at temperature 1 (x / 1 is exact, so this is the same
     # argmax as cutting and sampling in one place). Greedy rows take the argmax of the ORIGINAL
     # logits: the cut keeps one best token, but on tied maxima the sort may keep a later index,

@@ -138,12 +138,12 @@ class Sampler:
             if step.need_processors:
                 processed = (graphs.processors(graph_size, n) if graphs is not None
                              else apply_processors(logits, self.inputs.processor_params(n), tables))
+            masks = None
             if step.need_masks:  # after the last step's tokens are consumed (grammar.py, "When")
                 self._catch_up()
                 step_rows = self.inputs.rows.np[:n]
                 masks = self.grammar.fill(step_rows, self.rows.uses_grammar[step_rows])
-                processed = self.grammar.apply(processed, masks)
-            sampled = sample(processed, self.inputs.tensors(n, step.all_greedy, step.need_top_k_top_p))
+            sampled = sample(processed, self.inputs.tensors(n, step.all_greedy, step.need_top_k_top_p), masks)
             self.last_tokens.index_copy_(0, rows, sampled)
         if step.need_penalties:
             count_tokens(tables.counts, rows, sampled)

@@ -45,6 +45,7 @@ class StepHandle:
     sampled: Sampled | None = None  # None: nothing sampled here (or another rank decides)
     prompt_logprobs: PendingPromptLogprobs | None = None
     verify: tuple[VerifyRows, VerifyOutcome] | None = None  # speculative decoding's verify rows
+    deferred: tuple[torch.Tensor, SampleStep, int] | None = None  # a constrained step's sampling, not enqueued yet
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -83,6 +84,11 @@ class ModelRunner:
         self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
         self._last_end: torch.cuda.Event | None = None  # completion event of the last launched step
         self._stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None  # every step's
+        # A constrained step's masked sampling is enqueued after its launch (_flush): by the next
+        # launch, at its start, or by its finish when none came. The lock keeps launches and that
+        # finish apart (the sampler's state is the step's until the next launch's admit).
+        self._lock = threading.RLock()
+        self._deferred: StepHandle | None = None  # the launched step whose sampling waits
 
     def info(self) -> ExecutorInfo:
         """The handshake answer: what start-up loaded, allocated and captured."""
@@ -137,7 +143,8 @@ class ModelRunner:
         arrived: time.perf_counter() when the plan arrived (its wait is reported as queued_us).
         """
         t0 = time.perf_counter()
-        with self.ranks.guard():
+        with self.ranks.guard(), self._lock:
+            self._flush()  # the previous step's masked sampling: before this plan changes any row
             return self._launch(plan, arrived, t0)
 
     def _launch(self, plan: StepPlan, arrived: float | None, t0: float) -> StepHandle:
@@ -176,21 +183,26 @@ class ModelRunner:
             prev_last = last[spec.rows] if spec is not None and spec.chained is not None else None
             if step.num_sample and self.ranks.decides:
                 every_row = shape is not None and shape.decode and step.num_sample == step.num_reqs
-                handle.sampled = self.sampler.sample(logits, sampling, shape.num_reqs if every_row else 0)
+                graph_size = shape.num_reqs if every_row else 0
+                if sampling.need_masks and spec is None and self.ranks.alone:
+                    handle.deferred = (logits, sampling, graph_size)  # its masks need step N-1's tokens
+                else:
+                    handle.sampled = self.sampler.sample(logits, sampling, graph_size)
             if spec is not None:  # verify steps: eager, or a mixed graph (its hidden states)
                 draft_logits = self.model.compute_logits(hidden[spec.token_index])  # every rank
                 if self.ranks.decides:
                     outcome = self.verifier.verify(spec, draft_logits, drafts, last, prev_last)
                     self.sampler.store_last(spec.rows, outcome.final)
                     handle.verify = (spec, outcome)
-            if step.num_sample:
+            if step.num_sample and handle.deferred is None:
                 self.ranks.share_last_tokens(last)  # the deciding rank's, once final
             if prompt_rows is not None:
                 handle.prompt_logprobs = prompt_logprobs(self.model.compute_logits, hidden, prompt_rows)
-            for req_id, why in self.sampler.take_failures(self._req_of_row):  # their grammar failed
-                out.failed_req_ids.append(req_id)
-                out.failed_errors.append(why)
-            timer.mark()  # after the copies to the host: the step's completion event
+            self._take_failures(out)
+            if handle.deferred is None:
+                timer.mark()  # after the copies to the host: the step's completion event
+            else:
+                self._deferred = handle
         except BaseException:
             if self._stream is not None:  # copies out of this host set may still be pending
                 self._stream.synchronize()
@@ -205,6 +217,11 @@ class ModelRunner:
     def finish(self, handle: StepHandle) -> StepResult:
         """Waits for a launched step, reads its sampled ids and fills the timings. Idempotent;
         thread-safe against launch() of the next step."""
+        if handle.deferred is not None:  # no launch came after it (yet): enqueue its sampling here
+            handle.timer.wait()  # its forward has run (CUDA: releases the GIL); no lock held
+            with self._lock:
+                if self._deferred is handle:
+                    self._flush()
         with handle.lock:
             if handle.finished:
                 return handle.out
@@ -225,6 +242,28 @@ class ModelRunner:
                 out.prompt_logprobs = handle.prompt_logprobs.result()
             handle.finished = True
             return out
+
+    def _flush(self) -> None:
+        """Enqueues the masked sampling of the deferred step, if any (under self._lock). Its
+        forward was enqueued by its launch; the tokens its masks need (its previous step's) were
+        sampled before that forward ran, so the grammar's catch-up does not wait for the device
+        while anything is queued on it. The step's marks: [..., forward end, this, completion]."""
+        handle, self._deferred = self._deferred, None
+        if handle is None:
+            return
+        logits, sampling, graph_size = handle.deferred
+        handle.timer.mark()
+        handle.sampled = self.sampler.sample(logits, sampling, graph_size)
+        self.ranks.share_last_tokens(self.sampler.last_tokens)
+        self._take_failures(handle.out)
+        handle.timer.mark()  # the step's completion event
+        handle.deferred = None
+        self._last_end = handle.timer.end_event
+
+    def _take_failures(self, out: StepResult) -> None:
+        for req_id, why in self.sampler.take_failures(self._req_of_row):  # their grammar failed
+            out.failed_req_ids.append(req_id)
+            out.failed_errors.append(why)
 
     def _req_of_row(self, row: int) -> int | None:
         state = self.batch.states[row]

@@ -9,6 +9,8 @@ The points, in a step's order:
                        (rank 0 also sends the plan that runs, and the slots it gave back, to
                        the other ranks, which give back and apply the same);
   decides              this rank samples and verifies (rank 0; the only one alone);
+  alone                no other rank: a constrained step's sampling may be enqueued after
+                       its launch (model_runner._flush), outside the launch's guard;
   share_last_tokens()  after the step's last tokens are final: every rank holds the deciding
                        rank's (a broadcast on the device);
   reset(), use_graphs()  tell the other ranks; watch(), close(): their lifetime.
@@ -29,6 +31,7 @@ class OneDevice:
     """The step runs on this device alone."""
 
     decides = True
+    alone = True
 
     def guard(self) -> AbstractContextManager:
         return nullcontext()

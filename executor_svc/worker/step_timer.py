@@ -33,11 +33,13 @@ class StepTimer:
 
     def elapsed_us(self) -> tuple[int, int]:
         """(forward, sample) in µs; on CUDA only after wait(). Counted from the mark after the
-        input copies: the first mark may wait for the host (it times the device idle only)."""
-        start, b, c = self.marks[1], self.marks[2], self.marks[3]
+        input copies: the first mark may wait for the host (it times the device idle only).
+        Sample: from the mark before the sampling (the forward's end, or the mark a deferred
+        sampling starts with) to the last."""
+        start, b, c = self.marks[1], self.marks[2], self.marks[-1]
         if self.cuda:
-            return int(start.elapsed_time(b) * 1e3), int(b.elapsed_time(c) * 1e3)
-        return int((b - start) * 1e6), int((c - b) * 1e6)
+            return int(start.elapsed_time(b) * 1e3), int(self.marks[-2].elapsed_time(c) * 1e3)
+        return int((b - start) * 1e6), int((c - self.marks[-2]) * 1e6)
 
     def idle_before_us(self, prev_end: torch.cuda.Event | None) -> int:
         """µs the device sat idle between prev_end (the previous step's completion) and this

@@ -178,3 +178,25 @@ def mixed_lens(rng, kinds: list[str], max_ctx: int) -> tuple[list[int], list[int
         q_lens.append(q_len)
         seq_lens.append(0 if kind == "padded" else max(seq_len, q_len))
     return q_lens, seq_lens
+
+
+def bitmask_case(n: int, vocab: int, seed: int = 0):
+    """(allowed [n, ceil(V / 32)] int32 token bitmask, the same as bool [n, V]): rows that allow
+    about half the vocabulary, a handful of tokens, exactly one, none, and every token (-1 words,
+    the sign bit too)."""
+    gen = torch.Generator().manual_seed(seed)
+    dense = torch.rand(n, vocab, generator=gen) < 0.5
+    for r in range(1, n, 4):
+        dense[r] = False
+        dense[r, torch.randperm(vocab, generator=gen)[: 1 + r % 5]] = True
+    if n > 2:
+        dense[2] = False
+        dense[2, vocab - 1] = True  # the last token only (the last word's high bits)
+    if n > 3:
+        dense[3] = True
+    words = (vocab + 31) // 32
+    padded = torch.zeros(n, words * 32, dtype=torch.int64)
+    padded[:, :vocab] = dense.long()
+    bits = (padded.view(n, words, 32) << torch.arange(32)).sum(-1)  # uint32 values in int64
+    allowed = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32)
+    return allowed, dense

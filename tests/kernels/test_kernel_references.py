@@ -278,3 +278,18 @@ def test_gumbel_sample_reference_bf16_is_float32_math():
     low = logits.to(torch.bfloat16)
     out = ref.gumbel_sample_reference(low, temperature, seeds, positions)
     assert torch.equal(out, _previous_torch_sampler(low.float(), temperature, seeds, positions))
+
+
+@pytest.mark.parametrize("n,vocab", [(1, 1000), (9, 50), (64, 3001)])
+def test_gumbel_sample_reference_samples_only_what_a_bitmask_allows(n, vocab):
+    from tests.kernels.kernel_cases import bitmask_case
+
+    logits, temperature, seeds, positions = gumbel_case(n, vocab, seed=n + 1)
+    allowed, dense = bitmask_case(n, vocab, seed=n)
+    assert torch.equal(ref.bitmask_allows(allowed, vocab), dense)  # bit j % 32 of word j // 32
+    out = ref.gumbel_sample_reference(logits, temperature, seeds, positions, allowed)
+    masked = logits.masked_fill(~dense, float("-inf"))
+    assert torch.equal(out, ref.gumbel_sample_reference(masked, temperature, seeds, positions))
+    possible = torch.isfinite(masked).any(-1)
+    assert dense.gather(1, out[:, None]).squeeze(1)[possible].all()
+    assert torch.equal(kernels.gumbel_sample(logits, temperature, seeds, positions, allowed), out)

@@ -58,6 +58,26 @@ def test_gumbel_sample(dtype, n, vocab):
     assert torch.equal(gumbel_sample_triton(*args), out)  # deterministic
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,vocab", [(3, 1000), (64, 32001), (256, 128256)] if ON_CUDA else [(3, 1000), (9, 3001)])
+def test_gumbel_sample_under_a_token_bitmask(dtype, n, vocab):
+    """The bit test inside the kernel (structured outputs): the reference on the masked logits."""
+    from kernels.sampling import gumbel_sample_triton
+    from tests.kernels.kernel_cases import bitmask_case, gumbel_case
+
+    logits, temperature, seeds, positions = gumbel_case(n, vocab, seed=n + vocab)
+    allowed, dense = bitmask_case(n, vocab, seed=n)
+    masked = logits.to(dtype).masked_fill(~dense, float("-inf"))
+    args = (temperature.to(DEVICE), seeds.to(DEVICE), positions.to(DEVICE))
+    out = gumbel_sample_triton(logits.to(dtype).to(DEVICE), *args, allowed.to(DEVICE))
+    _check_gumbel(out, masked.to(DEVICE), *args)
+    possible = torch.isfinite(masked).any(-1).to(DEVICE)
+    assert dense.to(DEVICE).gather(1, out[:, None]).squeeze(1)[possible].all()
+    with pytest.raises(ValueError, match="allowed"):
+        gumbel_sample_triton(logits.to(dtype).to(DEVICE), *args, allowed[:, :-1].to(DEVICE) if vocab > 32
+                             else allowed[:1].to(DEVICE))
+
+
 def test_gumbel_sample_row_strided_view_and_empty():
     from kernels.sampling import gumbel_sample_triton
     from tests.kernels.kernel_cases import gumbel_case

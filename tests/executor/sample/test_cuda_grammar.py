@@ -1,12 +1,19 @@
-"""Structured outputs on a GPU: the grammar tests of test_grammar_rows.py on a CUDA runner with
-its decode graphs captured (a step with a constrained row samples eagerly after the graph's
-forward; masks are copied from pinned memory non-blocking). Skipped without CUDA."""
+"""Structured outputs on a GPU: the grammar tests of test_grammar_rows.py and
+test_deferred_sampling.py on a CUDA runner with its decode graphs captured (a step with a
+constrained row samples eagerly, after the graph's forward, enqueued by the next launch or its
+own finish; masks are copied from pinned memory non-blocking and tested inside the sampling
+kernel). Skipped without CUDA."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.executor.sample.test_deferred_sampling import (  # noqa: F401 (collected here with this runner)
+    test_an_unconstrained_step_samples_in_its_launch,
+    test_the_executors_pipeline_gives_the_tokens_of_one_step_at_a_time,
+    test_the_next_launch_enqueues_it_and_the_last_steps_finish_does,
+)
 from tests.executor.sample.test_grammar_rows import (  # noqa: F401 (collected here with this runner)
     test_a_choice_is_one_of_the_choices,
     test_a_grammar_that_cannot_be_used_fails_its_request_alone,
