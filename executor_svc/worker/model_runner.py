@@ -25,6 +25,7 @@ from executor_svc.sample.sampler import Sampled, Sampler
 from executor_svc.spec_decode.draft import DraftProposer
 from executor_svc.spec_decode.verify import Verifier, VerifyOutcome, VerifyRows
 from executor_svc.worker.cuda_graphs import GraphRunner, GraphShape
+from executor_svc.worker.deferred_sampling import DeferredSampling
 from executor_svc.worker.input_batch import InputBatch
 from executor_svc.worker.plan_apply import Admitted, admit
 from executor_svc.worker.ranks import OneDevice
@@ -46,6 +47,7 @@ class StepHandle:
     prompt_logprobs: PendingPromptLogprobs | None = None
     verify: tuple[VerifyRows, VerifyOutcome] | None = None  # speculative decoding's verify rows
     deferred: tuple[torch.Tensor, SampleStep, int] | None = None  # a constrained step's sampling, not enqueued yet
+    flushed: threading.Event | None = None  # a deferred step's: set once its sampling is enqueued
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -82,13 +84,9 @@ class ModelRunner:
         self._graphs_on = graphs is not None
         self._parity = 0  # host buffer set of the next launched step
         self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
-        self._last_end: torch.cuda.Event | None = None  # completion event of the last launched step
+        self._last_timer: StepTimer | None = None  # of the last launched step (its last mark: its completion)
         self._stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None  # every step's
-        # A constrained step's masked sampling is enqueued after its launch (_flush): by the next
-        # launch, at its start, or by its finish when none came. The lock keeps launches and that
-        # finish apart (the sampler's state is the step's until the next launch's admit).
-        self._lock = threading.RLock()
-        self._deferred: StepHandle | None = None  # the launched step whose sampling waits
+        self._deferred = DeferredSampling(sampler, self.ranks, self._take_failures)  # constrained steps'
 
     def info(self) -> ExecutorInfo:
         """The handshake answer: what start-up loaded, allocated and captured."""
@@ -109,7 +107,8 @@ class ModelRunner:
                 if handle is not None:
                     self.finish(handle)
             self._handles = [None, None]
-            self._last_end = None
+            self._last_timer = None
+            self._deferred.clear()
             self.verifier.rollbacks.clear()
             self.batch.clear()
             self.sampler.reset()
@@ -143,8 +142,8 @@ class ModelRunner:
         arrived: time.perf_counter() when the plan arrived (its wait is reported as queued_us).
         """
         t0 = time.perf_counter()
-        with self.ranks.guard(), self._lock:
-            self._flush()  # the previous step's masked sampling: before this plan changes any row
+        with self.ranks.guard(), self._deferred.lock:
+            self._deferred.flush()  # the previous step's masked sampling: before this plan changes any row
             return self._launch(plan, arrived, t0)
 
     def _launch(self, plan: StepPlan, arrived: float | None, t0: float) -> StepHandle:
@@ -178,14 +177,15 @@ class ModelRunner:
                 drafts = self.drafter.propose(scheduled, spec, parity, self.buffers.input_ids.gpu)
             logits, hidden = self._forward(step, attn, shape)  # [N, V]; [T, H] when eager
             timer.mark()
-            handle = StepHandle(out, timer=timer, prev_end=self._last_end)
+            before = self._last_timer  # its last mark is final: a deferred sampling was flushed above
+            handle = StepHandle(out, timer=timer, prev_end=before.end_event if before is not None else None)
             last = self.sampler.last_tokens
             prev_last = last[spec.rows] if spec is not None and spec.chained is not None else None
             if step.num_sample and self.ranks.decides:
                 every_row = shape is not None and shape.decode and step.num_sample == step.num_reqs
                 graph_size = shape.num_reqs if every_row else 0
                 if sampling.need_masks and spec is None and self.ranks.alone:
-                    handle.deferred = (logits, sampling, graph_size)  # its masks need step N-1's tokens
+                    self._deferred.defer(handle, logits, sampling, graph_size)  # its masks need N-1's tokens
                 else:
                     handle.sampled = self.sampler.sample(logits, sampling, graph_size)
             if spec is not None:  # verify steps: eager, or a mixed graph (its hidden states)
@@ -201,8 +201,6 @@ class ModelRunner:
             self._take_failures(out)
             if handle.deferred is None:
                 timer.mark()  # after the copies to the host: the step's completion event
-            else:
-                self._deferred = handle
         except BaseException:
             if self._stream is not None:  # copies out of this host set may still be pending
                 self._stream.synchronize()
@@ -210,18 +208,15 @@ class ModelRunner:
         by_row = self.batch.states
         handle.req_ids = [by_row[r].req_id for r in step.sample_rows.tolist()]
         self._handles[parity] = handle
-        self._last_end = timer.end_event
+        self._last_timer = timer
         out.launch_us = int((time.perf_counter() - t0) * 1e6)
         return handle
 
     def finish(self, handle: StepHandle) -> StepResult:
         """Waits for a launched step, reads its sampled ids and fills the timings. Idempotent;
         thread-safe against launch() of the next step."""
-        if handle.deferred is not None:  # no launch came after it (yet): enqueue its sampling here
-            handle.timer.wait()  # its forward has run (CUDA: releases the GIL); no lock held
-            with self._lock:
-                if self._deferred is handle:
-                    self._flush()
+        if handle.flushed is not None:
+            self._deferred.wait(handle)
         with handle.lock:
             if handle.finished:
                 return handle.out
@@ -243,31 +238,13 @@ class ModelRunner:
             handle.finished = True
             return out
 
-    def _flush(self) -> None:
-        """Enqueues the masked sampling of the deferred step, if any (under self._lock). Its
-        forward was enqueued by its launch; the tokens its masks need (its previous step's) were
-        sampled before that forward ran, so the grammar's catch-up does not wait for the device
-        while anything is queued on it. The step's marks: [..., forward end, this, completion]."""
-        handle, self._deferred = self._deferred, None
-        if handle is None:
-            return
-        logits, sampling, graph_size = handle.deferred
-        handle.timer.mark()
-        handle.sampled = self.sampler.sample(logits, sampling, graph_size)
-        self.ranks.share_last_tokens(self.sampler.last_tokens)
-        self._take_failures(handle.out)
-        handle.timer.mark()  # the step's completion event
-        handle.deferred = None
-        self._last_end = handle.timer.end_event
-
     def _take_failures(self, out: StepResult) -> None:
         for req_id, why in self.sampler.take_failures(self._req_of_row):  # their grammar failed
             out.failed_req_ids.append(req_id)
             out.failed_errors.append(why)
 
     def _req_of_row(self, row: int) -> int | None:
-        state = self.batch.states[row]
-        return None if state is None else state.req_id
+        return None if (state := self.batch.states[row]) is None else state.req_id
 
     def _apply(self, plan: StepPlan, give_back: list[tuple[int, int]]) -> Admitted:
         """Gives back rejected drafts' slots, then checks and applies the plan (plan_apply.py:
