@@ -44,6 +44,24 @@ def start_cluster(tmp_path_factory, model, name, executor_args=(), scheduler_arg
                    scheduler_args, http=http)
 
 
+# The built-in model's cluster serves tool calls as the tool tests need (a request without tools
+# is not changed by these flags).
+TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+
+
+@pytest.fixture(scope="package")
+def smollm2_cluster(smollm2_gguf, smollm2_cache_dir, smollm2_folder, tmp_path_factory):
+    """Both services on the built-in SmolLM2-135M-Instruct, --model the .gguf file itself (the
+    executor finds the session's conversion in --cache-dir), fp32, with the HTTP API and tool
+    calling: one for the package (a start costs ~15 s on 2 cores), shared by the real-model,
+    structured-output and tool-calling tests."""
+    c = start_cluster(tmp_path_factory, smollm2_gguf, "smollm2", executor_args=[
+        "--dtype", "float32", "--cache-dir", str(smollm2_cache_dir), "--num-kv-blocks", "1024"],
+        scheduler_args=TOOL_FLAGS, http=True)
+    yield c
+    c.stop()
+
+
 @pytest.fixture(scope="package")
 def llama_cluster(model_dirs, tmp_path_factory):
     """Both services on the tiny llama, every flag at its default, one for the package (a start

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from protos.llmserve.v1 import llmserve_pb2 as pb
-from tests.integration.conftest import start_cluster
 
 
 def _user(text):
@@ -41,12 +40,8 @@ EOS = 2  # <|im_end|>
 
 
 @pytest.fixture(scope="module")
-def cluster(smollm2_gguf, smollm2_cache_dir, smollm2_folder, tmp_path_factory):
-    """--model the .gguf file itself: the executor finds the session's conversion in --cache-dir."""
-    c = start_cluster(tmp_path_factory, smollm2_gguf, "smollm2", executor_args=[
-        "--dtype", "float32", "--cache-dir", str(smollm2_cache_dir), "--num-kv-blocks", "256"])
-    yield c
-    c.stop()
+def cluster(smollm2_cluster):
+    return smollm2_cluster  # tests/integration/conftest.py: the package's built-in-model cluster
 
 
 @pytest.fixture(scope="module")

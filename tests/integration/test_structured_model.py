@@ -33,7 +33,6 @@ openai = pytest.importorskip("openai")
 
 from benchmarks.structured_walk import corpus, fullmatch  # noqa: E402
 from llmserve.structured import constraint as sc  # noqa: E402
-from tests.integration.conftest import start_cluster  # noqa: E402
 
 FULL = os.environ.get("LLMSERVE_STRUCTURED_FULL") == "1"
 SAMPLES, SEED, CONCURRENCY = 10, 1, 12
@@ -110,11 +109,8 @@ def _entries() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def cluster(smollm2_gguf, smollm2_cache_dir, smollm2_folder, tmp_path_factory):
-    c = start_cluster(tmp_path_factory, smollm2_gguf, "smollm2-structured", http=True, executor_args=[
-        "--dtype", "float32", "--cache-dir", str(smollm2_cache_dir), "--num-kv-blocks", "1024"])
-    yield c
-    c.stop()
+def cluster(smollm2_cluster):
+    return smollm2_cluster  # tests/integration/conftest.py: the package's built-in-model cluster
 
 
 @pytest.fixture(scope="module")

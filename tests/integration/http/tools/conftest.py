@@ -1,7 +1,8 @@
-"""The tool-calling tests' clusters, one of each for the package, with tool calling on
-(--enable-auto-tool-choice --tool-call-parser hermes): the chain model (its greedy output is
-CALL_PIECES, whatever the chat) and the built-in SmolLM2-135M-Instruct. Each is told to stop as
-its fixture ends and waited for last, so their shutdowns overlap."""
+"""The tool-calling tests' clusters, with tool calling on (--enable-auto-tool-choice
+--tool-call-parser hermes): the chain model's, one for the package (its greedy output is
+CALL_PIECES, whatever the chat; told to stop as its fixture ends and waited for last), and the
+built-in SmolLM2-135M-Instruct's, which tests/integration/conftest.py starts for the real-model
+and structured-output tests too."""
 
 import json
 import urllib.request
@@ -9,9 +10,9 @@ import urllib.request
 import pytest
 
 from benchmarks.cluster import Cluster
+from tests.integration.conftest import TOOL_FLAGS
 from tests.integration.http.tools.chain_model import build_chain_model
 
-TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 # What the chain model writes: content, then two hermes calls, cut where a parser must hold back.
 CALL_PIECES = ["I will check.", "\n<tool", "_call>\n{\"name\": \"get_", "weather\", \"arguments\": {\"ci",
                "ty\": \"Paris\", \"days\": [1, ", "2]}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", ",
@@ -62,12 +63,9 @@ def chain(chain_cluster):
 
 
 @pytest.fixture(scope="package")
-def builtin_cluster(_stopping, smollm2_gguf, smollm2_cache_dir, smollm2_folder, tmp_path_factory):
-    """The built-in model, as --model the .gguf file (the session's conversion in --cache-dir)."""
-    yield from _serve(_stopping, Cluster(
-        smollm2_gguf, tmp_path_factory.mktemp("logs-smollm2-tools"),
-        ["--device", "cpu", "--dtype", "float32", "--cache-dir", str(smollm2_cache_dir), "--num-kv-blocks", "128"],
-        TOOL_FLAGS, http=True))
+def builtin_cluster(smollm2_cluster):
+    """The built-in model: tests/integration/conftest.py's cluster (tool calling on), shared."""
+    return smollm2_cluster
 
 
 @pytest.fixture(scope="package")
