@@ -15,7 +15,8 @@
 #
 # Environment (all optional):
 #   LLMSERVE_SMOKE_COMPOSE="docker-compose"  which compose to use (default: v2 if present)
-#   LLMSERVE_SMOKE_PORT=50051                host port of the public API
+#   LLMSERVE_SMOKE_PORT=50051                host port of the public gRPC API
+#   LLMSERVE_SMOKE_HTTP_PORT=8000            host port of the OpenAI-compatible HTTP API
 #   LLMSERVE_SMOKE_PROJECT=llmserve-smoke    compose project name (containers, volumes)
 #   LLMSERVE_SMOKE_CACHE=~/.cache/llmserve-smoke   logs, base rootfs tarball, wheelhouses
 #   LLMSERVE_SMOKE_WHEELHOUSE=0              build from the package index instead of wheels
@@ -28,6 +29,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
 PROJECT=${LLMSERVE_SMOKE_PROJECT:-llmserve-smoke}
 PORT=${LLMSERVE_SMOKE_PORT:-50051}
+HTTP_PORT=${LLMSERVE_SMOKE_HTTP_PORT:-8000}
 CACHE=${LLMSERVE_SMOKE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llmserve-smoke}
 BASE_IMAGE=python:3.11-slim-bookworm   # the FROM of both Dockerfiles
 GPU=${LLMSERVE_SMOKE_GPU:-0}
@@ -113,11 +115,11 @@ COMPOSE=("${COMPOSE_CMD[@]}" -p "$PROJECT" -f "$ROOT/docker-compose.yml")
 COMPOSE_VERSION=$("${COMPOSE_CMD[@]}" version 2>/dev/null || true)
 COMPOSE_VERSION=${COMPOSE_VERSION%%$'\n'*}
 say "compose: ${COMPOSE_CMD[*]} ($COMPOSE_VERSION)"
-# A fresh internal token per run; the stack serves the built-in model on 127.0.0.1:$PORT.
-export LLMSERVE_INTERNAL_TOKEN
-LLMSERVE_INTERNAL_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
-export LLMSERVE_PORT=$PORT LLMSERVE_PUBLISH_ADDRESS=127.0.0.1
-unset MODEL MODELS_DIR LLMSERVE_API_KEY COMPOSE_FILE COMPOSE_PROFILES
+# No internal token from here: the stack makes its own (the init service), and every compose
+# command below runs with none in the environment, as a user's would. The stack serves the
+# built-in model on 127.0.0.1:$PORT (gRPC) and 127.0.0.1:$HTTP_PORT (the OpenAI HTTP API).
+export LLMSERVE_PORT=$PORT LLMSERVE_HTTP_PORT=$HTTP_PORT LLMSERVE_PUBLISH_ADDRESS=127.0.0.1
+unset MODEL MODELS_DIR LLMSERVE_API_KEY COMPOSE_FILE COMPOSE_PROFILES LLMSERVE_INTERNAL_TOKEN
 
 "${COMPOSE[@]}" config -q   # the file is valid for this compose
 # MODEL with spaces stays one value (compose's command: would split it), MODELS_DIR unset is
@@ -126,6 +128,9 @@ CONFIG_SPACES=$(MODEL="two words" "${COMPOSE[@]}" config)
 grep -q "MODEL: two words" <<<"$CONFIG_SPACES" || { echo "FAIL: MODEL with a space is not passed whole"; exit 1; }
 grep -q "llmserve-models" <<<"$("${COMPOSE[@]}" config)" \
     || { echo "FAIL: /models is not the named volume by default"; exit 1; }
+# A token of the user's (environment or .env) reaches both services and wins over the file.
+[ "$(LLMSERVE_INTERNAL_TOKEN=users-own "${COMPOSE[@]}" config | grep -c "LLMSERVE_INTERNAL_TOKEN: users-own")" = 2 ] \
+    || { echo "FAIL: a user's LLMSERVE_INTERNAL_TOKEN does not reach both services"; exit 1; }
 "${COMPOSE[@]}" down --remove-orphans --timeout 20 >/dev/null 2>&1 || true   # a failed run's leftovers
 
 # ---------------------------------------------------------------- base image
@@ -303,6 +308,20 @@ except grpc.RpcError as e:
 raise SystemExit(1)
 "'
 check "no ./models folder appeared in the checkout" '[ ! -e "$ROOT/models" ]'
+TOKEN=$(docker exec "$SCHEDULER_ID" cat /var/lib/llmserve/secrets/internal-token)
+check "the init service made a 64-hex-digit internal token, mode 0600, uid $APP_UID" \
+    '[[ "$TOKEN" =~ ^[0-9a-f]{64}$ ]] && [ "$(docker exec "$EXECUTOR_ID" stat -c %a/%u /var/lib/llmserve/secrets/internal-token)" = 600/$APP_UID ]'
+INIT_ID=$("${COMPOSE[@]}" ps -aq init)
+check "the token is in no docker inspect, log or command line" \
+    '[ "$( (docker inspect "$EXECUTOR_ID" "$SCHEDULER_ID" $INIT_ID; "${COMPOSE[@]}" logs --no-color 2>&1;
+            docker exec "$EXECUTOR_ID" sh -c "cat /proc/[0-9]*/cmdline";
+            docker exec "$SCHEDULER_ID" sh -c "cat /proc/[0-9]*/cmdline") | tr "\0" " " | grep -c "$TOKEN")" = 0 ]'
+check "the init service exited 0 and stays exited" \
+    '[ "$(docker inspect -f "{{.State.Status}}/{{.State.ExitCode}}" $INIT_ID)" = exited/0 ]'
+check "the HTTP API's port is 127.0.0.1:$HTTP_PORT only" \
+    '[ "$(docker port "$SCHEDULER_ID" 8000/tcp)" = "127.0.0.1:$HTTP_PORT" ]'
+check "ps and logs work with no token in the environment" \
+    '"${COMPOSE[@]}" ps >/dev/null && "${COMPOSE[@]}" logs --tail 1 executor >/dev/null'
 
 # ---------------------------------------------------------------- the completion
 say "streaming a completion through 127.0.0.1:$PORT"
@@ -318,6 +337,25 @@ if ! "${CLIENT[@]}" "127.0.0.1:$PORT" 2>&1 | sed 's/^/    /'; then
 fi
 T_SERVED=$(elapsed "$T_UP0")
 say "first completion streamed $T_SERVED s after up"
+say "a chat completion through the HTTP API on 127.0.0.1:$HTTP_PORT"
+HTTP_CHECK='
+import json, sys, urllib.request
+body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16,
+        "temperature": 0}
+req = urllib.request.Request(sys.argv[1] + "/v1/chat/completions", json.dumps(body).encode(),
+                             {"content-type": "application/json"})
+answer = json.load(urllib.request.urlopen(req, timeout=120))
+choice = answer["choices"][0]
+assert choice["message"]["content"] and choice["finish_reason"] in ("stop", "length"), answer
+print("http: OK:", repr(choice["message"]["content"]), answer["usage"])'
+if command -v python3 >/dev/null 2>&1; then
+    HTTP_CLIENT=(python3 -c "$HTTP_CHECK")
+else
+    HTTP_CLIENT=(docker run --rm --network host --entrypoint python3 "$SCHEDULER_IMAGE" -c "$HTTP_CHECK")
+fi
+if ! "${HTTP_CLIENT[@]}" "http://127.0.0.1:$HTTP_PORT" 2>&1 | sed 's/^/    /'; then
+    "${COMPOSE[@]}" logs --tail 40; echo "FAIL: the HTTP chat completion"; exit 1
+fi
 
 # ---------------------------------------------------------------- stop, down
 say "stop and down"
@@ -337,6 +375,28 @@ check "both services exited 0 on SIGTERM (executor $EXIT_E, scheduler $EXIT_S) i
     '[ "$EXIT_E/$EXIT_S" = 0/0 ]'
 check "no container of $PROJECT is left" '[ -z "$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT")" ]'
 
-echo "compose smoke: timings: build ${T_BUILD} s, up to healthy ${T_UP} s, up to a streamed completion ${T_SERVED} s, stop ${T_STOP} s, down (stop + remove) ${T_DOWN} s, total $(elapsed "$T_START") s"
+# ---------------------------------------------------------------- a configuration error
+say "a MODEL that is not there: the executor ends with its cause, not a restart loop"
+T0=$(now)
+COMPOSE_UP=1
+MODEL=no-such-model timeout 300 "${COMPOSE[@]}" up -d >"$CACHE/up-bad.log" 2>&1 \
+    && { echo "FAIL: up with a bad MODEL succeeded"; exit 1; }
+EXECUTOR_ID=$("${COMPOSE[@]}" ps -aq executor)
+for _ in $(seq 1 240); do   # restarts back off (0.1 s doubling): 5 of them take ~10 s
+    [ "$(docker inspect -f '{{.State.Status}}/{{.RestartCount}}' "$EXECUTOR_ID")" = exited/5 ] && break
+    sleep 0.5
+done
+LAST_LINE=$("${COMPOSE[@]}" logs --no-color --tail 1 executor 2>&1)
+check "the executor exited after 5 restarts ($(docker inspect -f '{{.State.Status}}, {{.RestartCount}} restarts, exit {{.State.ExitCode}}' "$EXECUTOR_ID"))" \
+    '[ "$(docker inspect -f "{{.State.Status}}/{{.RestartCount}}" "$EXECUTOR_ID")" = exited/5 ]'
+check "docker compose ps shows it exited" '[ "$("${COMPOSE[@]}" ps executor | grep -c -i "exit")" -ge 1 ]'
+check "its last log line names the model: ${LAST_LINE##*| }" '[[ "$LAST_LINE" == *no-such-model* ]]'
+check "up failed on the executor: $(grep -i -m1 -E "unhealthy|exited|dependency failed" "$CACHE/up-bad.log")" \
+    'grep -i -E "unhealthy|exited|dependency failed" "$CACHE/up-bad.log" >/dev/null'
+"${COMPOSE[@]}" down --remove-orphans --timeout 20 >/dev/null 2>&1
+COMPOSE_UP=""
+T_BAD=$(elapsed "$T0")
+
+echo "compose smoke: timings: build ${T_BUILD} s, up to healthy ${T_UP} s, up to a streamed completion ${T_SERVED} s, stop ${T_STOP} s, down (stop + remove) ${T_DOWN} s, a bad MODEL to its end ${T_BAD} s, total $(elapsed "$T_START") s"
 echo "compose smoke: images: $EXECUTOR_IMAGE $SIZE_EXECUTOR, $SCHEDULER_IMAGE $SIZE_SCHEDULER"
 echo "compose smoke: PASS (${COMPOSE_CMD[*]}: $COMPOSE_VERSION; Docker $ENGINE_VERSION)"

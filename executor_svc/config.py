@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from llmserve.env import env_default
+from llmserve.secret_file import read_secret
 from llmserve.limits import MAX_LOGPROBS
 from llmserve.speculative import executor_flag
 
@@ -97,7 +98,8 @@ class ExecutorConfig:
             cpu_kv_cache_gib=ns.cpu_kv_cache_gib, enforce_eager=ns.enforce_eager,
             cuda_graph_sizes=sizes, mixed_cuda_graph_sizes=mixed, skinny_max_tokens=ns.skinny_max_tokens,
             max_logprobs=ns.max_logprobs, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
-            internal_token=ns.internal_token,
+            internal_token=ns.internal_token or (
+                read_secret(ns.internal_token_file, "--internal-token-file") if ns.internal_token_file else ""),
             insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
             tensor_parallel_size=ns.tensor_parallel_size,
             speculative_model=ns.speculative_config[0], num_speculative_tokens=ns.speculative_config[1],
@@ -222,6 +224,9 @@ def _parser() -> argparse.ArgumentParser:
     add("internal-token", str, os.environ.get(SHARED_TOKEN_ENV, ""),
         f"secret the scheduler must send (prefer the env var {ENV_PREFIX}INTERNAL_TOKEN or "
         f"{SHARED_TOKEN_ENV}: flags show in ps)")
+    add("internal-token-file", str, os.environ.get(SHARED_TOKEN_ENV + "_FILE", ""),
+        f"file holding the internal token, read at start when none is given directly (also "
+        f"{SHARED_TOKEN_ENV}_FILE; docker-compose.yml's init service writes one)")
     switch(p, "enforce-eager", "disable CUDA graphs")
     switch(p, "insecure-no-auth", "serve without an internal token: any process that reaches the "
            "port can reset the executor and send it plans")

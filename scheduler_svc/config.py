@@ -9,6 +9,7 @@ from functools import partial
 
 from llmserve.env import env_default
 from llmserve.limits import MAX_STOP_TOKEN_IDS
+from llmserve.secret_file import read_secret
 from llmserve.speculative import scheduler_flag
 
 
@@ -185,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
                    default=_env("INTERNAL_TOKEN", os.environ.get("LLMSERVE_INTERNAL_TOKEN", d.internal_token)),
                    help="secret the executor requires on its API (prefer the LLMSERVE_INTERNAL_TOKEN "
                         "environment variable: flags show in ps)")
+    p.add_argument("--internal-token-file",
+                   default=_env("INTERNAL_TOKEN_FILE", os.environ.get("LLMSERVE_INTERNAL_TOKEN_FILE", "")),
+                   help="file holding the internal token, read at start when none is given directly "
+                        "(also LLMSERVE_INTERNAL_TOKEN_FILE; docker-compose.yml's init service writes one)")
     p.add_argument("--metrics-port", type=int, default=_env("METRICS_PORT", d.metrics_port))
     p.add_argument("--http-port", type=int, default=_env("HTTP_PORT", d.http_port),
                    help="serve the OpenAI-compatible HTTP API on this port too (0 = off)")
@@ -266,4 +271,8 @@ def from_args(argv: list[str] | None = None) -> SchedulerConfig:
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         parser.error("--enable-auto-tool-choice needs --tool-call-parser "
                      f"({' or '.join(TOOL_CALL_PARSERS)})")
-    return SchedulerConfig(**vars(args))
+    values = vars(args)
+    token_file = values.pop("internal_token_file")
+    if not values["internal_token"] and token_file:
+        values["internal_token"] = read_secret(token_file, "--internal-token-file")
+    return SchedulerConfig(**values)

@@ -23,26 +23,51 @@ def compose() -> dict:
 def test_compose_is_specification_format_with_healthchecks(compose):
     assert "version" not in compose, "Compose Specification: no version key (v2 warns, both accept)"
     services = compose["services"]
-    assert set(services) == {"executor", "scheduler"}
-    for name, svc in services.items():
+    assert set(services) == {"init", "executor", "scheduler"}
+    for name in ("executor", "scheduler"):
+        svc = services[name]
         assert svc.get("init") is True, f"{name}: init: true (Python as PID 1 ignores SIGTERM)"
-        assert svc.get("restart") == "unless-stopped", name
+        assert svc.get("restart") == "on-failure:5", f"{name}: a configuration error must not loop for ever"
         test = svc["healthcheck"]["test"]
         assert test[0] == "CMD" and "grpc_health.v1" in " ".join(test), name
         assert "$" not in " ".join(test), f"{name}: a $ in the healthcheck would be interpolated"
     assert services["scheduler"]["depends_on"] == {"executor": {"condition": "service_healthy"}}
+    assert services["executor"]["depends_on"] == {"init": {"condition": "service_completed_successfully"}}
+
+
+def test_the_internal_token_is_made_by_init_and_read_from_a_file(compose):
+    """No environment needed: init writes the token into a volume both services read (its
+    value never in an environment variable, so never in docker inspect); a user's
+    LLMSERVE_INTERNAL_TOKEN, when given, is passed and wins (the services' flag precedence)."""
+    services = compose["services"]
+    init = services["init"]
+    assert init["restart"] == "no" and init["volumes"] == ["llmserve-secrets:/var/lib/llmserve/secrets"]
+    assert "secrets.token_hex(32)" in " ".join(init["entrypoint"]) and "0o600" in " ".join(init["entrypoint"])
+    assert "print" not in " ".join(init["entrypoint"]), "the token is printed nowhere"
+    for name in ("executor", "scheduler"):
+        env = services[name]["environment"]
+        assert env["LLMSERVE_INTERNAL_TOKEN_FILE"] == "/var/lib/llmserve/secrets/internal-token"
+        assert env["LLMSERVE_INTERNAL_TOKEN"] == "${LLMSERVE_INTERNAL_TOKEN:-}", "optional: no ${VAR:?} left"
+        assert "llmserve-secrets:/var/lib/llmserve/secrets:ro" in services[name]["volumes"]
+    assert ":?" not in (ROOT / "docker-compose.yml").read_text(), "no required variable: `up` alone works"
+    for path in DOCKERFILES.values():
+        text = path.read_text()
+        assert "chown llmserve:llmserve /var/cache/llmserve /var/lib/llmserve/secrets" in text, path
+        assert "chmod 700 /var/lib/llmserve/secrets" in text, path
 
 
 def test_compose_ports_volumes_and_model(compose):
     executor, scheduler = compose["services"]["executor"], compose["services"]["scheduler"]
     assert "ports" not in executor, "the executor's port stays on the compose network"
-    assert scheduler["ports"] == ["${LLMSERVE_PUBLISH_ADDRESS:-127.0.0.1}:${LLMSERVE_PORT:-50051}:50051"]
+    assert scheduler["ports"] == ["${LLMSERVE_PUBLISH_ADDRESS:-127.0.0.1}:${LLMSERVE_PORT:-50051}:50051",
+                                  "${LLMSERVE_PUBLISH_ADDRESS:-127.0.0.1}:${LLMSERVE_HTTP_PORT:-8000}:8000"]
+    assert scheduler["environment"]["LLMSERVE_SCHEDULER_HTTP_PORT"] == "8000"  # `llmserve`'s HTTP API
     assert "command" not in executor, "MODEL goes through the environment: a command would split it"
     assert executor["environment"]["MODEL"] == "${MODEL:-}"
     for svc in (executor, scheduler):
         models = [v for v in svc["volumes"] if v.endswith(":/models:ro")]
         assert models == ["${MODELS_DIR:-llmserve-models}:/models:ro"], "no ./models bind mount by default"
-    assert {"llmserve-cache", "llmserve-models"} <= set(compose["volumes"])
+    assert {"llmserve-cache", "llmserve-models", "llmserve-secrets"} <= set(compose["volumes"])
     assert not any("deploy" in svc for svc in (executor, scheduler)), "GPU reservation only in the overlay"
 
 
