@@ -134,10 +134,11 @@ class KVCacheManager:
 
     def cache_written_blocks(self, request: Request, num_tokens: int) -> None:
         """An applied step wrote num_tokens more of the request's KV: index its full blocks."""
-        request.num_written_tokens += num_tokens
+        written = request.num_written_tokens = request.num_written_tokens + num_tokens
         if not self.enable_caching:
             return
-        num_full = min(request.num_written_tokens, request.num_tokens) // self.block_size
+        known = len(request.prompt_token_ids) + len(request.output_token_ids)  # (runs for every row)
+        num_full = (written if written < known else known) // self.block_size
         if num_full <= request.num_cached_blocks:
             return
         hashes = self._block_hashes(request, num_full)

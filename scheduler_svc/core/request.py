@@ -181,7 +181,8 @@ class Request:
         """Scheduled for num_new_tokens more in a step (computed once that step runs)."""
         self.num_computed_tokens += num_new_tokens
         self.num_inflight_steps += 1
-        if self.num_computed_tokens >= self.num_tokens_with_pending:  # (> : drafts)
+        # >= num_tokens_with_pending (> : drafts), inline: this runs for every row of every step
+        if self.num_computed_tokens >= len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending_tokens:
             self.num_pending_tokens += 1  # the row reaches the end of its tokens: it samples
 
     @property

@@ -21,7 +21,7 @@ from .request import FinishReason, Request, RequestStatus
 from .samples import HeldSamples
 from .spec.decoder import SpecDecoder, tokens_output
 from .spec.gate import SpecSteps
-from .stop import StopStringMatcher, length_reached
+from .stop import StopStringMatcher
 from .tokenizer import Tokenizer
 
 
@@ -140,9 +140,11 @@ class Scheduler:
             if num_new_tokens == 0:  # finishes once its token in flight arrives (or speculates)
                 i += 1
                 continue
-            if not self._make_room(request, num_new_tokens, out):
-                return budget, False
-            new_block_ids = self.kv.allocate_slots(request, num_new_tokens)
+            new_block_ids = ()  # most decode steps: the slot is in the last block, nothing to allocate
+            if self.kv.num_blocks_needed(request, num_new_tokens):
+                if not self._make_room(request, num_new_tokens, out):
+                    return budget, False
+                new_block_ids = self.kv.allocate_slots(request, num_new_tokens)
             out.cached_requests.append(request.req_id, num_new_tokens, new_block_ids)
             if drafts:
                 out.add_drafts(drafts, chained)
@@ -194,11 +196,13 @@ class Scheduler:
 
     def _num_new_tokens(self, request: Request, budget: int, num_computed: int, speculate: bool = False) -> int:
         """The one rule: catch computed tokens up with all tokens, within the limits."""
-        if length_reached(request, self.config.max_model_len, request.num_pending_tokens):
-            return 0  # its last token is in flight: it will finish whatever the token is
-        if speculate and request.num_pending_tokens:
+        pending, num_output = request.num_pending_tokens, len(request.output_token_ids)
+        num_tokens = len(request.prompt_token_ids) + num_output + pending  # with those in flight
+        if num_output + pending >= request.params.max_tokens or num_tokens >= self.config.max_model_len:
+            return 0  # its last token is in flight: it will finish whatever the token is (length_reached)
+        if speculate and pending:
             return 0  # speculating: its next drafts need the tokens in flight (docs/scheduler.md)
-        num_new_tokens = request.num_tokens_with_pending - num_computed
+        num_new_tokens = num_tokens - num_computed
         if self.config.long_prefill_token_threshold > 0:
             num_new_tokens = min(num_new_tokens, self.config.long_prefill_token_threshold)
         return min(num_new_tokens, budget)
@@ -235,6 +239,7 @@ class Scheduler:
         counts = [r.num_scheduled_tokens for r in output.new_requests]
         counts += output.cached_requests.num_scheduled_tokens
         requests, spec, finished = self.requests, self.spec_steps, RequestStatus.FINISHED  # (per row)
+        running, held = RequestStatus.RUNNING, self.held
         for req_id, num_tokens in zip(output.scheduled_req_ids, counts):
             request = requests[req_id]
             # Steps in flight add a pending token at most, non-sampling ones (chunks) first:
@@ -246,7 +251,8 @@ class Scheduler:
                 num_tokens -= spec.settle(request, token_id)  # rejected drafts, void rows: KV void
             if request.status is not finished:  # (a failed step aborts its requests first)
                 self.kv.cache_written_blocks(request, num_tokens)  # its KV is there: share it
-                self.held.release(request, self.waiting)  # samples waiting for its prompt KV
+                if held.num_held:
+                    held.release(request, self.waiting)  # samples waiting for its prompt KV
             if token_id is not None and request.num_pending_tokens > 0:
                 request.num_pending_tokens -= 1
                 if request.status is not finished and token_id != []:
@@ -257,9 +263,10 @@ class Scheduler:
                     except Exception as e:  # noqa: BLE001 - its own text, stop strings: it fails alone
                         self._failed[req_id] = e
                         self.abort_request(req_id)  # unless it finished: its slot and blocks go back
-            elif token_id is None and should_sample and request.status is RequestStatus.RUNNING:
+            elif token_id is None and should_sample and request.status is running:
                 missing.append(req_id)
-            self._release_blocks(request)
+            if request.status is not running:  # (_release_blocks keeps a running request's)
+                self._release_blocks(request)
         if missing:
             raise StepResultError(f"step {output.step_id} returned no token for requests {missing[:8]}")
         if spec is not None:
