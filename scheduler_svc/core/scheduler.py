@@ -84,21 +84,11 @@ class Scheduler:
         """Whether schedule() has something to plan (requests, or finished ids to report)."""
         return bool(self.waiting or self.running or self._finished_req_ids)
 
-    @property  # -- load figures --
-    def num_total_blocks(self) -> int:
-        return self.kv.pool.num_total_blocks
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.kv.pool.num_free_blocks
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting) + self.held.num_held
+    # -- load figures --
+    num_total_blocks = property(lambda self: self.kv.pool.num_total_blocks)
+    num_free_blocks = property(lambda self: self.kv.pool.num_free_blocks)
+    num_running = property(lambda self: len(self.running))
+    num_waiting = property(lambda self: len(self.waiting) + self.held.num_held)
 
     def take_prefix_cache_stats(self) -> tuple[int, int]:
         """Prefix-cache (queried, hit) tokens of requests admitted since the last call."""
@@ -202,10 +192,8 @@ class Scheduler:
             return 0  # its last token is in flight: it will finish whatever the token is (length_reached)
         if speculate and pending:
             return 0  # speculating: its next drafts need the tokens in flight (docs/scheduler.md)
-        num_new_tokens = num_tokens - num_computed
-        if self.config.long_prefill_token_threshold > 0:
-            num_new_tokens = min(num_new_tokens, self.config.long_prefill_token_threshold)
-        return min(num_new_tokens, budget)
+        threshold = self.config.long_prefill_token_threshold  # 0 = off
+        return min(num_tokens - num_computed, budget, threshold if threshold > 0 else budget)
 
     def _preempt(self, request: Request, out: StepPlan) -> None:
         """Recompute later: drop its KV, keep its tokens, put it at the front of the queue."""

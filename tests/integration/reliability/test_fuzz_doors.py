@@ -23,19 +23,17 @@ then the big batches once more (a leak adds up) and the API process's memory aft
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks.cluster import Cluster, generate
 from tests.integration.conftest import CPU_EXECUTOR
 from tests.integration.reliability.fuzz_corpus import GRPC_CASES, HTTP_CASES, GrpcCase, HttpCase
+from tests.integration.reliability.fuzz_clients import health, rss_kib, settled_rss_kib, sse
 from tests.integration.reliability.fuzz_judge import judge_grpc, judge_http, send_grpc, send_http
 
 try:
@@ -77,26 +75,6 @@ def cluster(model_dirs, tmp_path_factory):
     c.stop()
 
 
-def _rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
-def _settled_rss_kib(pid: int) -> int:
-    """VmRSS once it has stopped falling (the heap trims run 0.25 s after a big request ends),
-    at most GC_PERIOD_S later."""
-    deadline = time.monotonic() + GC_PERIOD_S
-    low, low_at = _rss_kib(pid), time.monotonic()
-    while time.monotonic() < deadline and time.monotonic() - low_at < 2.0:
-        time.sleep(0.25)
-        rss = _rss_kib(pid)
-        if rss < low:
-            low, low_at = rss, time.monotonic()
-    return low
-
-
 # ---------------------------------------------------------------- normal clients
 
 
@@ -104,37 +82,14 @@ def _grpc_stream(cluster, **params) -> list[int]:
     return generate(cluster.stub, prompt_ids=[5, 9, 11, 13], timeout=60, **params)[0]
 
 
-def _sse(client: httpx.Client, path: str, body: dict) -> tuple[list[int], str]:
-    """An HTTP streaming request's token ids and text; raises on anything but a clean stream."""
-    ids, text, done = [], [], False
-    with client.stream("POST", path, json=body, timeout=60) as r:
-        if r.status_code != 200:
-            raise AssertionError(f"{path}: HTTP {r.status_code}: {r.read()[:500]!r}")
-        for line in r.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            data = line.removeprefix("data: ")
-            if data == "[DONE]":
-                done = True
-                continue
-            chunk = json.loads(data)
-            if "error" in chunk:
-                raise AssertionError(f"{path}: error event {chunk}")
-            for choice in chunk["choices"]:
-                ids += choice.get("token_ids") or []
-                text.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
-    assert done, f"{path}: the stream ended without [DONE]"
-    return ids, "".join(text)
-
-
 NORMAL_STREAMS = {
     "grpc greedy": lambda cl, http: _grpc_stream(cl, max_tokens=24, temperature=0.0, ignore_eos=True),
     "grpc seeded": lambda cl, http: _grpc_stream(cl, max_tokens=24, temperature=1.0, seed=1234,
                                                  top_k=50, ignore_eos=True),
-    "http completion greedy": lambda cl, http: _sse(http, "/v1/completions", {
+    "http completion greedy": lambda cl, http: sse(http, "/v1/completions", {
         "prompt": "the quick brown fox", "max_tokens": 24, "temperature": 0, "stream": True,
         "ignore_eos": True, "return_token_ids": True}),
-    "http chat seeded": lambda cl, http: _sse(http, "/v1/chat/completions", {
+    "http chat seeded": lambda cl, http: sse(http, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "tell me a story"}], "max_tokens": 24,
         "temperature": 0.8, "seed": 7, "stream": True, "ignore_eos": True, "return_token_ids": True}),
 }
@@ -159,19 +114,6 @@ class Run:
     rss_once_kib: int = 0  # after the corpus and a gc period
     rss_after_kib: int = 0  # after its big batches again and a gc period
     seconds: float = 0.0
-
-
-def _health(cluster, http: httpx.Client) -> tuple[str, object]:
-    try:
-        g = health_pb2_grpc.HealthStub(cluster.channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
-        grpc_status = health_pb2.HealthCheckResponse.ServingStatus.Name(g.status)
-    except grpc.RpcError as e:
-        grpc_status = f"error {e.code().name}"
-    try:
-        http_status = http.get("/health", timeout=10).status_code
-    except httpx.HTTPError as e:
-        http_status = f"error {e!r}"
-    return grpc_status, http_status
 
 
 def _batches(http: list[HttpCase], grpcs: list[GrpcCase]):
@@ -205,7 +147,7 @@ def run(cluster) -> Run:
             send_http(http, case, model)  # warm-up of the error paths
         r = Run(model, references)
         api_pid = cluster.procs[1].pid
-        r.rss_baseline_kib = r.rss_peak_kib = _rss_kib(api_pid)
+        r.rss_baseline_kib = r.rss_peak_kib = rss_kib(api_pid)
 
         done = threading.Event()
 
@@ -237,16 +179,16 @@ def run(cluster) -> Run:
             with ThreadPoolExecutor(workers) as pool:
                 for (_, case), outcome in zip(items, pool.map(one, items)):
                     outcomes[case.id] = outcome
-            rss = _rss_kib(api_pid)
+            rss = rss_kib(api_pid)
             r.rss_peak_kib = max(r.rss_peak_kib, rss)
             r.batches.append((name, round(time.monotonic() - batch_start, 2), round(rss / 1024, 1)))
-            r.health.append((name, *_health(cluster, http)))
+            r.health.append((name, *health(cluster, http)))
 
         batches = list(_batches(HTTP_CASES, GRPC_CASES))
         try:
             for batch in batches:
                 run_batch(*batch)
-            r.rss_once_kib = _settled_rss_kib(api_pid)
+            r.rss_once_kib = settled_rss_kib(api_pid, GC_PERIOD_S)
             for name, workers, items in batches:  # the big ones again: a leak adds up
                 if ":big[" in name:
                     run_batch(f"again {name}", workers, items)
@@ -254,8 +196,8 @@ def run(cluster) -> Run:
             done.set()
             for t in threads:
                 t.join(timeout=120)
-        r.health.append(("after the streams", *_health(cluster, http)))
-        r.rss_after_kib = _settled_rss_kib(api_pid)
+        r.health.append(("after the streams", *health(cluster, http)))
+        r.rss_after_kib = settled_rss_kib(api_pid, GC_PERIOD_S)
     r.seconds = time.monotonic() - start
     print(f"\nfuzz run: {len(r.outcomes)} requests in {r.seconds:.1f}s; normal streams "
           f"{ {k: len(v) for k, v in r.streams.items()} }; API VmRSS baseline "
