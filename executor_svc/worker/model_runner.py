@@ -122,7 +122,6 @@ class ModelRunner:
         self.ranks.close(timeout)
 
     # ---- one step -------------------------------------------------------------------------
-
     def execute(self, plan: StepPlan) -> StepResult:
         """Runs one step plan; returns the sampled token of each request that completed its known tokens."""
         return self.finish(self.launch(plan))
@@ -202,6 +201,7 @@ class ModelRunner:
             if handle.deferred is None:
                 timer.mark()  # after the copies to the host: the step's completion event
         except BaseException:
+            self._deferred.clear()  # a step that failed in its launch is never sampled later
             if self._stream is not None:  # copies out of this host set may still be pending
                 self._stream.synchronize()
             raise
@@ -239,9 +239,9 @@ class ModelRunner:
             return out
 
     def _take_failures(self, out: StepResult) -> None:
-        for req_id, why in self.sampler.take_failures(self._req_of_row):  # their grammar failed
-            out.failed_req_ids.append(req_id)
-            out.failed_errors.append(why)
+        failed = self.sampler.take_failures(self._req_of_row)  # their grammar failed
+        out.failed_req_ids += [req_id for req_id, _ in failed]
+        out.failed_errors += [why for _, why in failed]
 
     def _req_of_row(self, row: int) -> int | None:
         return None if (state := self.batch.states[row]) is None else state.req_id
