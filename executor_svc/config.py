@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from llmserve.env import env_default
-from llmserve.secret_file import read_secret
 from llmserve.limits import MAX_LOGPROBS
+from llmserve.secret_file import token_or_file
 from llmserve.speculative import executor_flag
 
 ENV_PREFIX = "LLMSERVE_EXECUTOR_"
@@ -98,8 +98,7 @@ class ExecutorConfig:
             cpu_kv_cache_gib=ns.cpu_kv_cache_gib, enforce_eager=ns.enforce_eager,
             cuda_graph_sizes=sizes, mixed_cuda_graph_sizes=mixed, skinny_max_tokens=ns.skinny_max_tokens,
             max_logprobs=ns.max_logprobs, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
-            internal_token=ns.internal_token or (
-                read_secret(ns.internal_token_file, "--internal-token-file") if ns.internal_token_file else ""),
+            internal_token=token_or_file(ns.internal_token, ns.internal_token_file),
             insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
             tensor_parallel_size=ns.tensor_parallel_size,
             speculative_model=ns.speculative_config[0], num_speculative_tokens=ns.speculative_config[1],

@@ -24,3 +24,8 @@ def read_secret(path: str, flag: str) -> str:
     if not all(0x21 <= b <= 0x7E for b in text):
         raise SystemExit(f"{flag}: {path} holds other than printable ASCII without spaces")
     return text.decode("ascii")
+
+
+def token_or_file(token: str, path: str, flag: str = "--internal-token-file") -> str:
+    """A token given directly, else the one in `path` (read_secret), else ""."""
+    return token or (read_secret(path, flag) if path else "")

@@ -9,7 +9,7 @@ from functools import partial
 
 from llmserve.env import env_default
 from llmserve.limits import MAX_STOP_TOKEN_IDS
-from llmserve.secret_file import read_secret
+from llmserve.secret_file import token_or_file
 from llmserve.speculative import scheduler_flag
 
 
@@ -272,7 +272,5 @@ def from_args(argv: list[str] | None = None) -> SchedulerConfig:
         parser.error("--enable-auto-tool-choice needs --tool-call-parser "
                      f"({' or '.join(TOOL_CALL_PARSERS)})")
     values = vars(args)
-    token_file = values.pop("internal_token_file")
-    if not values["internal_token"] and token_file:
-        values["internal_token"] = read_secret(token_file, "--internal-token-file")
+    values["internal_token"] = token_or_file(values["internal_token"], values.pop("internal_token_file"))
     return SchedulerConfig(**values)

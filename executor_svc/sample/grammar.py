@@ -4,7 +4,7 @@ llmserve/structured), and the token masks of the rows a step samples.
 When: the scheduler plans step N+1 before it has seen step N's token, so a row's mask for N+1 is
 computed here, on the executor. Step N+1's launch enqueues its forward (it needs no mask: its
 input token is read on the device) and returns; its masked sampling is enqueued later
-(worker/model_runner._flush): at the start of step N+2's launch, or by N+1's finish when no
+(worker/deferred_sampling.py): at the start of step N+2's launch, or by N+1's finish when no
 launch follows. By then step N's tokens were sampled before N+1's forward started, so advancing
 the matchers (`catch_up`) does not wait while the device has work queued; the masks of N+1's
 constrained rows are filled on llguidance's threads while N+1's forward runs, copied

@@ -33,8 +33,8 @@ class DeferredSampling:
     """The step whose sampling waits (at most one: the next launch flushes it). take_failures(out):
     the runner's, adding the grammar failures the masks found to a step's result."""
 
-    def __init__(self, sampler: Sampler, ranks, take_failures: Callable):
-        self.sampler, self.ranks, self._take_failures = sampler, ranks, take_failures
+    def __init__(self, sampler: Sampler, take_failures: Callable):
+        self.sampler, self._take_failures = sampler, take_failures
         self.lock = threading.RLock()  # held by every launch, and by a finish that flushes
         self._handle = None  # model_runner.StepHandle
 
@@ -52,8 +52,7 @@ class DeferredSampling:
             return
         logits, sampling, graph_size = handle.deferred
         handle.timer.mark()
-        handle.sampled = self.sampler.sample(logits, sampling, graph_size)
-        self.ranks.share_last_tokens(self.sampler.last_tokens)
+        handle.sampled = self.sampler.sample(logits, sampling, graph_size)  # (one rank: nothing to share)
         self._take_failures(handle.out)
         handle.timer.mark()  # the step's completion event
         handle.deferred = None

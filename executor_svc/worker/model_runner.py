@@ -86,7 +86,7 @@ class ModelRunner:
         self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
         self._last_timer: StepTimer | None = None  # of the last launched step (its last mark: its completion)
         self._stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None  # every step's
-        self._deferred = DeferredSampling(sampler, self.ranks, self._take_failures)  # constrained steps'
+        self._deferred = DeferredSampling(sampler, self._take_failures)  # constrained steps'
 
     def info(self) -> ExecutorInfo:
         """The handshake answer: what start-up loaded, allocated and captured."""

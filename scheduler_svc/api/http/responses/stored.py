@@ -8,9 +8,8 @@ on each."""
 
 from __future__ import annotations
 
-import uuid
-
 import json
+import uuid
 
 from fastapi import FastAPI, Request, Response
 from pydantic import TypeAdapter
@@ -88,11 +87,10 @@ def keeper(store: ResponseStore, body: ResponsesRequest, before: StoredResponse 
         return None
 
     def keep(response: dict) -> None:
-        turns = (before.turns if before is not None else ()) + (
-            (_dump(_own_items(body)), _dump(_output_items(response["output"]))),)
+        own, output = _own_items(body), _output_items(response["output"])
+        turns = (before.turns if before is not None else ()) + ((_dump(own), _dump(output)),)
         response_json = json.dumps(response, ensure_ascii=False, separators=(",", ":")).encode()
-        num_items = (before.num_items if before is not None else 0) + \
-            (1 if isinstance(body.input, str) else len(body.input)) + len(response["output"])
+        num_items = (before.num_items if before is not None else 0) + len(own) + len(output)
         store.put(response["id"], StoredResponse(response_json, turns, num_items,
                                                  counted_bytes(response_json, turns)))
     return keep
