@@ -11,7 +11,7 @@ Two families share one memory pool and one logits output buffer:
     than the sampled rows' logits (speculative verify rows, prompt logprobs) replay them too
     and compute those logits from the hidden states after the replay.
 A graph reads the static step buffers (input ids, use-last mask, positions, slots, seq lens,
-query start offsets, block tables, logits indices) and writes into the shared output buffer
+query start offsets, block tables, logits indices; packed for its shape: step_buffers.py) and writes into the shared output buffer
 (kept out of the graph pool: per-graph outputs of [size, vocab] would hold gigabytes). A step
 smaller than its graph pads the rest (padded tokens: slot -1, no request; padded requests:
 seq_len 0, no tokens; padded logits rows: token 0), and only the sampled rows' logits are read.
@@ -133,13 +133,14 @@ class GraphRunner:
         most_tokens = max(shape.num_tokens for shape in self.shapes)
         buf.query_start_loc.np[0] = 0
         buf.pad(0, 0, 0, most_reqs, most_tokens)  # every row padded: reads nothing, writes nowhere
-        buf.copy_to_device(most_reqs, most_tokens)
         torch.cuda.synchronize()
         free_before = torch.cuda.mem_get_info()[0]
         t0 = time.perf_counter()
         self.pool = torch.cuda.graph_pool_handle()  # shared by every shape
         stream = torch.cuda.Stream()
         for shape in _progress(sorted(self.shapes, key=lambda s: (s.num_tokens, s.decode), reverse=True)):
+            buf.copy_to_device(shape.num_reqs, shape.num_tokens)  # the graph reads its shape's layout
+            torch.cuda.synchronize()  # the copy ran (the capture reads it on another stream)
             attn = self._metadata(shape)
             self.graphs[shape] = capture_graph(lambda: self._run(shape, attn), self.pool, stream)
         torch.cuda.synchronize()

@@ -1,8 +1,8 @@
 """Host <-> device copies of the executor, in one place.
 
 Twin and TwinGroup: static buffers allocated once, a pinned host side (double-buffered on CUDA)
-and a device side, copied non-blocking each step (step_buffers.py, the sampler's columns,
-the draft's inputs). to_device / to_device_packed: arrays made on the fly (a request's tables,
+and a device side, copied non-blocking each step (the sampler's columns, the draft's inputs).
+PackedTwins: a step's inputs (step_buffers.py) packed for its shape into one copy. to_device / to_device_packed: arrays made on the fly (a request's tables,
 the verify rows), staged through pinned memory and copied non-blocking: a pageable copy would
 wait for the step in flight and break the one-step-ahead overlap (torch's pinned allocator
 keeps each staging tensor alive until its copy has run). to_host: a device tensor's
@@ -93,6 +93,106 @@ class TwinGroup:
         """Copies the whole group (every member, all rows) in one non-blocking copy."""
         if self.gpu is not self.cpu:
             self.gpu.copy_(self.cpu, non_blocking=True)
+
+
+class PackedSpec(NamedTuple):
+    """One member of a PackedTwins: rows of `row` elements each, as many rows as the step's
+    tokens ("tokens") or requests ("reqs"), plus `extra`; initially `fill` on the host."""
+
+    per: str  # "tokens" | "reqs"
+    dtype: torch.dtype
+    row: int = 1  # elements per row (a block table: max_blocks_per_seq)
+    extra: int = 0  # more rows (query_start_loc: requests + 1)
+    fill: float = 0
+
+
+class PackedMember:
+    """One input of a PackedTwins: `np`, the host array at full capacity (plain memory: only the
+    copy reads it, at once), and `gpu`, the device view of the layout copied last (on CPU the
+    host array itself, as a tensor)."""
+
+    def __init__(self, spec: PackedSpec, rows: int, packs: bool):
+        shape = (rows,) if spec.row == 1 else (rows, spec.row)
+        self.np = np.full(shape, spec.fill, dtype=torch.empty((), dtype=spec.dtype).numpy().dtype)
+        self.gpu = None if packs else torch.from_numpy(self.np)
+
+    def rows(self, spec: PackedSpec, num_reqs: int, num_tokens: int) -> int:
+        return (num_tokens if spec.per == "tokens" else num_reqs) + spec.extra
+
+
+class _Layout(NamedTuple):
+    nbytes: int
+    rows: tuple[int, ...]  # of each member
+    gpu: tuple[torch.Tensor, ...]  # each member's device view
+    staging: tuple[tuple[np.ndarray, ...], ...]  # per host set: each member's view of the staging
+
+
+class PackedTwins:
+    """The inputs of a step of B requests and T tokens in ONE non-blocking host -> device copy.
+
+    Each member has a host array at full capacity; a copy packs the first rows of each (T or B
+    of them, and `extra`) contiguously, 64-byte aligned, into pinned staging (two sets, like a
+    Twin's host side: `use_host`), copies the packed bytes, and points every member's `gpu` at
+    its rows in the device buffer. The layout depends on (B, T) alone, so a graph captured over
+    the layout of its shape reads the same addresses at every replay of that shape; a step
+    padded to a graph's shape is copied at that shape. On CPU nothing is copied (`gpu` is the
+    host array) unless `pack` is set (the tests of the CUDA layout, on CPU)."""
+
+    ALIGN = 64
+    MAX_LAYOUTS = 512  # eager steps of many shapes: the cache is emptied when it is full
+
+    def __init__(self, device: torch.device, specs: list[PackedSpec], max_reqs: int, max_tokens: int,
+                 pack: bool | None = None):
+        self.device, self.specs = device, specs
+        self.packs = device.type == "cuda" if pack is None else pack
+        self.members = [PackedMember(s, (max_tokens if s.per == "tokens" else max_reqs) + s.extra, self.packs)
+                        for s in specs]
+        self._layouts: dict[tuple[int, int], _Layout] = {}
+        self._set = 0
+        if self.packs:
+            total = self._offsets(max_reqs, max_tokens)[1]
+            pin = device.type == "cuda"
+            self.staging = [torch.empty(total, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
+            self.dev = torch.zeros(total, dtype=torch.uint8, device=device)
+
+    def use_host(self, i: int) -> None:
+        self._set = i % 2
+
+    def copy_to_device(self, num_reqs: int, num_tokens: int) -> None:
+        """Packs the first rows of every member for a step of num_reqs requests and num_tokens
+        tokens, and enqueues their one non-blocking copy; members' `gpu` now view them."""
+        if not self.packs:
+            return
+        lay = self._layouts.get((num_reqs, num_tokens)) or self._layout(num_reqs, num_tokens)
+        for member, rows, dst in zip(self.members, lay.rows, lay.staging[self._set]):
+            dst[...] = member.np[:rows]
+        self.dev[:lay.nbytes].copy_(self.staging[self._set][:lay.nbytes], non_blocking=True)
+        for member, view in zip(self.members, lay.gpu):
+            member.gpu = view
+
+    def _offsets(self, num_reqs: int, num_tokens: int) -> tuple[list[tuple[int, int, int]], int]:
+        """(rows, offset, bytes) of each member, and the layout's bytes."""
+        out, total = [], 0
+        for spec, member in zip(self.specs, self.members):
+            rows = member.rows(spec, num_reqs, num_tokens)
+            n = rows * spec.row * member.np.itemsize
+            out.append((rows, total, n))
+            total += -(-n // self.ALIGN) * self.ALIGN
+        return out, total
+
+    def _layout(self, num_reqs: int, num_tokens: int) -> _Layout:
+        offsets, total = self._offsets(num_reqs, num_tokens)
+        gpu, staging = [], [[], []]
+        for spec, member, (rows, start, n) in zip(self.specs, self.members, offsets):
+            shape = member.np[:rows].shape
+            gpu.append(self.dev[start:start + n].view(spec.dtype).view(shape))
+            for s, host in zip(staging, self.staging):
+                s.append(host[start:start + n].numpy().view(member.np.dtype).reshape(shape))
+        if len(self._layouts) >= self.MAX_LAYOUTS:
+            self._layouts.clear()
+        lay = self._layouts[(num_reqs, num_tokens)] = _Layout(total, tuple(r for r, _, _ in offsets), tuple(gpu),
+                                                              tuple(tuple(s) for s in staging))
+        return lay
 
 
 def to_device(a: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:

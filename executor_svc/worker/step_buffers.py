@@ -1,46 +1,45 @@
-"""The static inputs of a step: host buffers and their device twins, allocated once at the largest
-size; a step writes the first rows on the host and copies them (non-blocking) to the device."""
+"""The static inputs of a step: host arrays at the largest size, and their device views; a step
+writes the first rows on the host and copies them all in one non-blocking copy."""
 
 from __future__ import annotations
 
 import torch
 
-from executor_svc.worker.host_device import Twin, TwinGroup, TwinSpec
+from executor_svc.worker.host_device import PackedSpec, PackedTwins
+
+# name: what a step of B requests and T tokens copies of it (in this order, one packed copy)
+_SPECS = {
+    "input_ids": PackedSpec("tokens", torch.int64),  # [T] known input tokens
+    "use_last": PackedSpec("tokens", torch.bool),  # [T] True: input is the row's last sampled token
+    "src_rows": PackedSpec("tokens", torch.int64),  # [T] persistent row of each token's request
+    "positions": PackedSpec("tokens", torch.int64),  # [T]
+    "slot_mapping": PackedSpec("tokens", torch.int64, fill=-1),  # [T] -1 = do not write
+    "seq_lens": PackedSpec("reqs", torch.int32),  # [B]
+    "query_start_loc": PackedSpec("reqs", torch.int32, extra=1),  # [B + 1]
+    "logits_indices": PackedSpec("reqs", torch.int64),  # [N <= B]: token index of each sampled row
+}
 
 
 class StepBuffers:
     """Static inputs of one step, allocated once at the largest size; a step fills the first rows.
 
-    Per-token buffers and the block tables are copied row-prefix by row-prefix; the small
-    per-request buffers live in one TwinGroup (`small`), copied whole at once. The columns of
-    the rows that sample are the Sampler's (sample/inputs.py). T = tokens of the step, B = its
-    requests, N = its requests that sample."""
+    Each member (input_ids, ..., block_tables) has `np`, its host array, and `gpu`, its device
+    view in the layout of the last copy (host_device.PackedTwins: the first T or B rows of every
+    member in one copy; a graph reads the layout of its shape). The columns of the rows that
+    sample are the Sampler's (sample/inputs.py). T = tokens of the step, B = its requests,
+    N = its requests that sample."""
 
     def __init__(self, max_num_seqs: int, max_num_tokens: int, max_blocks_per_seq: int,
-                 device: torch.device):
-        t, s, d = max_num_tokens, max_num_seqs, device
+                 device: torch.device, pack: bool | None = None):
         self.max_num_seqs, self.max_num_tokens, self.device = max_num_seqs, max_num_tokens, device
-        self.input_ids = Twin(t, torch.int64, d)  # [T] known input tokens
-        self.use_last = Twin(t, torch.bool, d)  # [T] True: input is the row's last sampled token
-        self.src_rows = Twin(t, torch.int64, d)  # [T] persistent row of each token's request
-        self.positions = Twin(t, torch.int64, d)  # [T]
-        self.slot_mapping = Twin(t, torch.int64, d, fill=-1)  # [T] -1 = do not write
-        self.block_tables = Twin((s, max_blocks_per_seq), torch.int32, d)  # [B, max_blocks]
-        self._own = (self.input_ids, self.use_last, self.src_rows, self.positions, self.slot_mapping,
-                     self.block_tables)
-        i32, i64 = torch.int32, torch.int64
-        self.small = TwinGroup(d, [  # in the order of the assignment below
-            TwinSpec(s, i32),  # seq_lens [B]
-            TwinSpec(s + 1, i32),  # query_start_loc [B + 1]
-            TwinSpec(s, i64),  # logits_indices [N]: token index of each sampled row
-        ])
-        self.seq_lens, self.query_start_loc, self.logits_indices = self.small.twins
+        specs = {**_SPECS, "block_tables": PackedSpec("reqs", torch.int32, row=max_blocks_per_seq)}  # [B, max_blocks]
+        self.packed = PackedTwins(device, list(specs.values()), max_num_seqs, max_num_tokens, pack)
+        for name, member in zip(specs, self.packed.members):
+            setattr(self, name, member)
 
     def use_host(self, i: int) -> None:
-        """Selects host set i % 2 of every buffer (CUDA; a no-op on CPU, where one set is the device)."""
-        for twin in self._own:
-            twin.use_host(i)
-        self.small.use_host(i)
+        """Selects staging set i % 2 of the copy (CUDA; a no-op on CPU, where the host array is the device's)."""
+        self.packed.use_host(i)
 
     def pad(self, num_reqs: int, num_tokens: int, num_sample: int, reqs_to: int, tokens_to: int) -> None:
         """Makes tokens num_tokens..tokens_to harmless (no request, written nowhere), requests
@@ -56,12 +55,9 @@ class StepBuffers:
         self.logits_indices.np[num_sample:reqs_to] = 0
 
     def copy_to_device(self, num_reqs: int, num_tokens: int) -> None:
-        """Enqueues (non-blocking) the copy of what a step of num_reqs requests and num_tokens
-        tokens reads: the first rows of the per-token buffers and block tables, `small` whole."""
-        for twin in (self.input_ids, self.use_last, self.src_rows, self.positions, self.slot_mapping):
-            twin.copy_to_device(num_tokens)
-        self.block_tables.copy_to_device(num_reqs)
-        self.small.copy_to_device()
+        """Enqueues (non-blocking) the one copy of what a step of num_reqs requests and
+        num_tokens tokens reads: the first rows of every member."""
+        self.packed.copy_to_device(num_reqs, num_tokens)
 
     def input_tokens(self, last_sampled: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """[T] int64 device: the known token, or the row's last sampled token where use_last.

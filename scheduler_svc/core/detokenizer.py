@@ -26,8 +26,8 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int],
                  skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
-        self._id_to_token = tokenizer.id_to_token  # bound once: step() runs for every token
         self._hf = tokenizer.hf
+        self._id_to_token = tokenizer.hf.id_to_token  # bound once: step() runs for every token
         self.skip_special_tokens = skip_special_tokens
         self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self.context_ids = list(prompt_token_ids[-NUM_PROMPT_CONTEXT_TOKENS:])
@@ -41,7 +41,10 @@ class IncrementalDetokenizer:
         if self._id_to_token(token_id) is None:
             return ""
         self.output_ids.append(token_id)
-        text = self._decode_next(token_id)
+        try:  # (_decode_next, inline)
+            text = self.stream.step(self._hf, token_id) or ""
+        except Exception:  # noqa: BLE001 - the stream cannot continue from its held prefix
+            text = self._restart(token_id)
         if text:
             self.emitted.append(text)
         return text
@@ -62,9 +65,12 @@ class IncrementalDetokenizer:
         try:
             return self.stream.step(self._hf, token_id) or ""
         except Exception:
-            # The stream cannot continue from its held prefix: start over from this token.
-            self.stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
-            return self.stream.step(self.tokenizer.hf, token_id) or ""
+            return self._restart(token_id)
+
+    def _restart(self, token_id: int) -> str:
+        """The stream cannot continue from its held prefix: start over from this token."""
+        self.stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
+        return self.stream.step(self.tokenizer.hf, token_id) or ""
 
 
 def detokenizer_factory(tokenizer: Tokenizer) -> Callable[[Request], IncrementalDetokenizer]:

@@ -67,7 +67,7 @@ class KVCacheManager:
     returns only the blocks it appended (the delta the executor needs).
 
     Prefix caching: a block is indexed once it is full of known tokens and a step that wrote
-    it has been applied (cache_written_blocks), so no request is offered KV that a step in
+    it has been applied (cache_full_blocks), so no request is offered KV that a step in
     flight is still writing. A cached block is only read: a hit never covers a request's last
     token, and a request only writes positions from its num_computed_tokens on.
     """
@@ -132,12 +132,14 @@ class KVCacheManager:
             self.stats.num_queries += request.num_tokens
             self.stats.num_hits += num_hit_tokens
 
-    def cache_written_blocks(self, request: Request, num_tokens: int) -> None:
-        """An applied step wrote num_tokens more of the request's KV: index its full blocks."""
-        written = request.num_written_tokens = request.num_written_tokens + num_tokens
+    def cache_full_blocks(self, request: Request) -> None:
+        """Indexes the request's blocks that are full of known tokens whose KV is written (the
+        scheduler counts num_written_tokens as each step is applied and calls this once a
+        block may have filled)."""
+        written = request.num_written_tokens
         if not self.enable_caching:
             return
-        known = len(request.prompt_token_ids) + len(request.output_token_ids)  # (runs for every row)
+        known = request.num_tokens
         num_full = (written if written < known else known) // self.block_size
         if num_full <= request.num_cached_blocks:
             return

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from step_protocol.domain import Logprobs, PromptLogprobs, StepResult
 
+from .deferred_text import DeferredText
 from .outputs import LogprobColumns, LogprobEntry, RequestOutput
 from .request import Request
 from .stop import process_token
@@ -82,6 +83,21 @@ def take_prompt_logprobs(request: Request) -> LogprobColumns | None:
         request.prompt_token_ids[0], request.params.prompt_logprobs)
     request.prompt_logprobs, request.prompt_logprobs_sent = None, True
     return columns
+
+
+def continuing_output(request: Request, token_id: int, deferred: DeferredText) -> RequestOutput | None:
+    """token_output of a token that cannot end the request (no stop string could, it is no
+    stop or EOS id, the length is not reached) of a request without logprobs, its text left to
+    deferred (deferred_text.py); None for any other token, which token_output must apply."""
+    num_output = len(request.output_token_ids) + 1
+    if (not request.defers_text or num_output >= request.num_output_limit
+            or token_id in request.finish_token_ids or not request.prompt_logprobs_sent):
+        return None
+    request.output_token_ids.append(token_id)
+    out = RequestOutput(request.req_id, [token_id], "", None, "", len(request.prompt_token_ids), num_output)
+    if request.detokenizer is not None:
+        deferred.add(out, request.detokenizer)
+    return out
 
 
 def token_output(request: Request, token_id: int, eos_token_ids: tuple[int, ...],

@@ -111,6 +111,13 @@ class Request:
         # Text state, set by the scheduler: incremental detokenizer and stop-string holdback.
         self.detokenizer: Any = None
         self.stop_matcher: Any = None
+        # The per-token rules' constants, set by Scheduler.add_request (read for every row of
+        # every step): ids that may end it (stop token ids, EOS unless ignore_eos), the output
+        # length that ends it (max_tokens or the context), whether its text can wait until the
+        # next plan is sent (no stop strings, no logprobs: logprobs.continuing_output).
+        self.finish_token_ids: frozenset[int] = frozenset()
+        self.num_output_limit = 0
+        self.defers_text = False
         # Parallel sampling (core/samples.py): sample 0 of the same client request, whose
         # prompt KV this one waits for (None for sample 0 and for n == 1).
         self.leader: Request | None = None
@@ -125,6 +132,13 @@ class Request:
         self.spec_eligible: bool | None = None
         self.ngram_index: Any = None
         self.spec_gate: Any = None  # spec/gate.GateState, made on first use
+
+    def set_token_rules(self, eos_token_ids: tuple[int, ...], max_model_len: int) -> None:
+        """finish_token_ids, num_output_limit and defers_text, from its params (stop_matcher set)."""
+        p = self.params
+        self.finish_token_ids = frozenset(p.stop_token_ids + (() if p.ignore_eos else tuple(eos_token_ids)))
+        self.num_output_limit = min(p.max_tokens, max_model_len - len(self.prompt_token_ids))
+        self.defers_text = not self.stop_matcher.stop and p.logprobs is None
 
     @property
     def wants_prompt_logprobs(self) -> bool:

@@ -10,23 +10,25 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from step_protocol.domain import StepPlan, StepResult
+from step_protocol.domain import StepPlan
 
 from .core_config import SchedulerCoreConfig  # noqa: F401  (re-exported: the core's config)
 from .detokenizer import detokenizer_factory as make_detokenizer_factory
 from .kv_cache_manager import KVCacheManager, check_runnable
-from .logprobs import StepLogprobs, StepResultError, collect_prompt_logprobs
-from .outputs import RequestOutput
+from .deferred_text import DeferredText
+from .logprobs import StepResultError  # noqa: F401  (re-exported: the step loop's)
 from .request import FinishReason, Request, RequestStatus
 from .samples import HeldSamples
-from .spec.decoder import SpecDecoder, tokens_output
+from .spec.decoder import SpecDecoder
 from .spec.gate import SpecSteps
+from .step_results import StepResults
 from .stop import StopStringMatcher
 from .tokenizer import Tokenizer
 
 
-class Scheduler:
-    """Plans steps (schedule) and applies their sampled tokens (update_from_output).
+class Scheduler(StepResults):
+    """Plans steps (schedule) and applies their sampled tokens (update_from_output, in
+    step_results.py).
 
     The caller may run steps ahead: schedule() for step N+1 before update_from_output() of
     step N. Every plan with rows must be applied, in step order (a plan without rows needs no
@@ -51,6 +53,7 @@ class Scheduler:
         self._inflight_step_ids: deque[int] = deque()
         self._finished_req_ids: list[int] = []  # for the next plan
         self._failed: dict[int, Exception] = {}  # req_id -> what its token raised (take_failed)
+        self.deferred_text = DeferredText()  # the last update's rows whose text is not yet decoded
         spec = config.speculative
         self.spec = SpecDecoder(spec, config.max_model_len, config.eos_token_ids) if spec else None
         self.spec_steps = SpecSteps.for_config(spec, self.spec, clock) if spec else None  # spec/gate.py
@@ -67,6 +70,7 @@ class Scheduler:
             self.spec_steps.trials.restart()
         request.status = RequestStatus.WAITING
         request.stop_matcher = StopStringMatcher(request.params.stop, request.params.include_stop_str_in_output)
+        request.set_token_rules(self.config.eos_token_ids, self.config.max_model_len)
         if self.detokenizer_factory is not None:
             request.detokenizer = self.detokenizer_factory(request)
         self.requests[request.req_id] = request
@@ -94,12 +98,6 @@ class Scheduler:
         """Prefix-cache (queried, hit) tokens of requests admitted since the last call."""
         return self.kv.stats.take()
 
-    def take_failed(self) -> dict[int, Exception]:
-        """Requests whose own token raised while update_from_output applied it, since the last
-        call, with the exception: each failed alone (aborted: no output; its blocks go back)."""
-        failed, self._failed = self._failed, {}
-        return failed
-
     def take_spec_decode_stats(self) -> tuple[int, int, int]:
         """(verify rows, draft tokens, accepted drafts) since the last call; zeros when off."""
         return self.spec.stats.take() if self.spec is not None else (0, 0, 0)
@@ -118,30 +116,47 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: StepPlan, budget: int) -> tuple[int, bool]:
-        """Returns the budget left and whether waiting requests may be admitted this step."""
-        i, spec, num_running = 0, self.spec_steps, len(self.running)
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
+        """Returns the budget left and whether waiting requests may be admitted this step.
+        A row that continues within its last block costs a few integer operations here: the
+        one rule (_num_new_tokens), the block check and Request.advance are inline."""
+        i, spec, running, num_running = 0, self.spec_steps, self.running, len(self.running)
+        cached, block_size = out.cached_requests, self.config.block_size
+        req_ids, counts, num_new_blocks = cached.req_ids, cached.num_scheduled_tokens, cached.num_new_blocks
+        threshold = self.config.long_prefill_token_threshold or budget  # 0 = off
+        while i < len(running) and budget > 0:
+            request = running[i]
+            i += 1
+            pending, computed = request.num_pending_tokens, request.num_computed_tokens
+            num_output = len(request.output_token_ids)
+            num_tokens = len(request.prompt_token_ids) + num_output + pending  # with those in flight
             speculate = spec is not None and spec.speculates(request, num_running)  # waits, then drafts
-            num_new_tokens = self._num_new_tokens(request, budget, request.num_computed_tokens, speculate)
-            # speculating: a verify row (its token, then drafts), maybe chained on rows in flight
-            num_new_tokens, drafts, chained = (spec.plan_row(request, num_new_tokens, budget, num_running)
-                                               if speculate else (num_new_tokens, [], False))
-            if num_new_tokens == 0:  # finishes once its token in flight arrives (or speculates)
-                i += 1
+            if num_output + pending >= request.num_output_limit:
+                num_new = 0  # its last token is in flight: it finishes whatever the token is
+            elif speculate and pending:
+                num_new = 0  # speculating: its next drafts need the tokens in flight (docs/scheduler.md)
+            else:
+                num_new = min(num_tokens - computed, budget, threshold)  # _num_new_tokens, inline
+            drafts = None
+            if speculate:  # a verify row (its token, then drafts), maybe chained on rows in flight
+                num_new, drafts, chained = spec.plan_row(request, num_new, budget, num_running)
+            if num_new == 0:  # finishes once its token in flight arrives (or speculates)
                 continue
-            new_block_ids = ()  # most decode steps: the slot is in the last block, nothing to allocate
-            if self.kv.num_blocks_needed(request, num_new_tokens):
-                if not self._make_room(request, num_new_tokens, out):
+            if computed + num_new > len(request.block_ids) * block_size:  # needs a block
+                if not self._make_room(request, num_new, out):
                     return budget, False
-                new_block_ids = self.kv.allocate_slots(request, num_new_tokens)
-            out.cached_requests.append(request.req_id, num_new_tokens, new_block_ids)
+                cached.append(request.req_id, num_new, self.kv.allocate_slots(request, num_new))
+            else:  # most decode steps: the slot is in the last block, nothing to allocate
+                req_ids.append(request.req_id)
+                counts.append(num_new)
+                num_new_blocks.append(0)
             if drafts:
                 out.add_drafts(drafts, chained)
                 spec.record(request, out.step_id, drafts, chained)
-            request.advance(num_new_tokens)
-            budget -= num_new_tokens
-            i += 1
+            request.num_computed_tokens = computed = computed + num_new  # Request.advance, inline
+            request.num_inflight_steps += 1
+            if computed >= num_tokens:
+                request.num_pending_tokens = pending + 1  # the row reaches the end of its tokens
+            budget -= num_new
         return budget, not out.preempted_req_ids
 
     def _make_room(self, request: Request, num_new_tokens: int, out: StepPlan) -> bool:
@@ -184,14 +199,13 @@ class Scheduler:
             budget -= num_new_tokens
             self.held.release(request, self.waiting)  # its prefix hit may cover its prompt
 
-    def _num_new_tokens(self, request: Request, budget: int, num_computed: int, speculate: bool = False) -> int:
-        """The one rule: catch computed tokens up with all tokens, within the limits."""
+    def _num_new_tokens(self, request: Request, budget: int, num_computed: int) -> int:
+        """The one rule: catch computed tokens up with all tokens, within the limits (for a
+        running request inline in _schedule_running, which adds speculation's rule)."""
         pending, num_output = request.num_pending_tokens, len(request.output_token_ids)
         num_tokens = len(request.prompt_token_ids) + num_output + pending  # with those in flight
         if num_output + pending >= request.params.max_tokens or num_tokens >= self.config.max_model_len:
             return 0  # its last token is in flight: it will finish whatever the token is (length_reached)
-        if speculate and pending:
-            return 0  # speculating: its next drafts need the tokens in flight (docs/scheduler.md)
         threshold = self.config.long_prefill_token_threshold  # 0 = off
         return min(num_tokens - num_computed, budget, threshold if threshold > 0 else budget)
 
@@ -204,71 +218,6 @@ class Scheduler:
         self.waiting.appendleft(request)
         out.preempted_req_ids.append(request.req_id)
         self.held.release(request, self.waiting)  # its samples wait no more
-
-    # -- results -------------------------------------------------------------------------
-
-    def update_from_output(self, output: StepPlan, sampled: dict[int, int],
-                           result: StepResult | None = None) -> list[RequestOutput]:
-        """Applies a step's sampled tokens (req_id -> token id, or -> token ids of a verify
-        row); returns what each request produced. Tokens of requests finished or aborted
-        meanwhile are discarded. sampled must hold every row that reached the end of its
-        tokens (a partial prefill chunk samples nothing); if the executor failed the step,
-        abort its requests first. result carries the logprobs of requests that asked."""
-        if not output.has_rows():
-            return []
-        if not self._inflight_step_ids or self._inflight_step_ids[0] != output.step_id:
-            raise RuntimeError(f"step {output.step_id} applied out of order; "
-                               f"in flight: {list(self._inflight_step_ids)}")
-        self._inflight_step_ids.popleft()
-        logprobs = StepLogprobs(result)
-        if result is not None and result.prompt_logprobs is not None:
-            collect_prompt_logprobs(self.requests, result.prompt_logprobs)
-        outputs, missing = [], []
-        counts = [r.num_scheduled_tokens for r in output.new_requests]
-        counts += output.cached_requests.num_scheduled_tokens
-        requests, spec, finished = self.requests, self.spec_steps, RequestStatus.FINISHED  # (per row)
-        running, held = RequestStatus.RUNNING, self.held
-        for req_id, num_tokens in zip(output.scheduled_req_ids, counts):
-            request = requests[req_id]
-            # Steps in flight add a pending token at most, non-sampling ones (chunks) first:
-            # this oldest step sampled exactly when every step in flight did.
-            should_sample = request.num_pending_tokens == request.num_inflight_steps
-            request.num_inflight_steps -= 1
-            token_id = sampled.get(req_id)  # a list of token ids for a verify step ([]: void)
-            if request.spec_rows and request.spec_rows[0].step_id == output.step_id:  # a verify row
-                num_tokens -= spec.settle(request, token_id)  # rejected drafts, void rows: KV void
-            if request.status is not finished:  # (a failed step aborts its requests first)
-                self.kv.cache_written_blocks(request, num_tokens)  # its KV is there: share it
-                if held.num_held:
-                    held.release(request, self.waiting)  # samples waiting for its prompt KV
-            if token_id is not None and request.num_pending_tokens > 0:
-                request.num_pending_tokens -= 1
-                if request.status is not finished and token_id != []:
-                    try:  # one row at a time (docs/hardening.md); costs nothing until it raises
-                        outputs.append(self._append_tokens(request, token_id, logprobs))
-                    except StepResultError:
-                        raise  # the executor's breach (logprobs missing), no one request's fault
-                    except Exception as e:  # noqa: BLE001 - its own text, stop strings: it fails alone
-                        self._failed[req_id] = e
-                        self.abort_request(req_id)  # unless it finished: its slot and blocks go back
-            elif token_id is None and should_sample and request.status is running:
-                missing.append(req_id)
-            if request.status is not running:  # (_release_blocks keeps a running request's)
-                self._release_blocks(request)
-        if missing:
-            raise StepResultError(f"step {output.step_id} returned no token for requests {missing[:8]}")
-        if spec is not None:
-            spec.on_step(sampled)
-        return outputs
-
-    def _append_tokens(self, request: Request, token_ids: int | list[int],
-                       logprobs: StepLogprobs) -> RequestOutput:
-        """Appends a step's token (a verify step's: its tokens up to the first that finishes)."""
-        out = tokens_output(request, token_ids, self.config.eos_token_ids,
-                            self.config.max_model_len, logprobs)
-        if out.finish_reason is not None:
-            self._finish(request, out.finish_reason)
-        return out
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         if request.status == RequestStatus.RUNNING:

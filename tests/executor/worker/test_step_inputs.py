@@ -10,7 +10,7 @@ import torch
 from executor_svc.sample.inputs import SampleInputs
 from executor_svc.sample.rows import SamplingRows
 from executor_svc.sample.sampler import Sampler
-from executor_svc.worker.host_device import TwinGroup
+from executor_svc.worker.host_device import PackedTwins, TwinGroup
 from executor_svc.worker.input_batch import InputBatch
 from executor_svc.worker.step_buffers import StepBuffers
 from executor_svc.worker.step_inputs import Scheduled, StepLimits, prepare_step
@@ -110,17 +110,46 @@ def test_prepare_step_equals_per_request_loop(seed):
         np.testing.assert_array_equal(batch.num_computed, before)
 
 
-def test_small_group_members_are_views_of_one_buffer():
-    buf, inputs = StepBuffers(SEQS, TOKENS, MAX_BLOCKS, CPU), SampleInputs(SEQS, CPU)
+def test_sampler_group_members_are_views_of_one_buffer():
+    inputs = SampleInputs(SEQS, CPU)
     assert inputs.top_p.np[:SEQS].tolist() == [1.0] * SEQS and not inputs.seeds.np.any()
     inputs.seeds.np[3] = 7
-    assert buf.small.twins == [buf.seq_lens, buf.query_start_loc, buf.logits_indices]
     assert inputs.group.twins == [inputs.rows, inputs.positions, inputs.temperature, inputs.top_k, inputs.top_p,
                                   inputs.seeds, inputs.min_p, inputs.presence, inputs.frequency, inputs.repetition,
                                   inputs.min_pos]
-    for group in (buf.small, inputs.group):
-        base = group.cpu.data_ptr()
-        for twin in group.twins:
-            assert base <= twin.cpu.data_ptr() < base + group.cpu.numel() and twin.gpu is twin.cpu
-            assert (twin.cpu.data_ptr() - base) % TwinGroup.ALIGN == 0
+    base = inputs.group.cpu.data_ptr()
+    for twin in inputs.group.twins:
+        assert base <= twin.cpu.data_ptr() < base + inputs.group.cpu.numel() and twin.gpu is twin.cpu
+        assert (twin.cpu.data_ptr() - base) % TwinGroup.ALIGN == 0
     assert inputs.seeds.cpu[3].item() == 7
+
+
+@pytest.mark.parametrize("num_reqs,num_tokens", [(1, 1), (3, 40), (SEQS, SEQS), (7, TOKENS)])
+def test_packed_copy_lays_out_each_shape_once_at_stable_addresses(num_reqs, num_tokens):
+    """The step buffers' one copy (PackedTwins, here packing on CPU as on CUDA): every member's
+    device view holds exactly its first T or B (+1) host rows, 64-byte aligned inside one
+    buffer, and a shape's views keep their addresses from copy to copy (a graph reads them)."""
+    buf = StepBuffers(SEQS, TOKENS, MAX_BLOCKS, CPU, pack=True)
+    gen = np.random.default_rng(num_reqs * 1000 + num_tokens)
+    for member in buf.packed.members:
+        member.np[...] = gen.integers(0, 100, member.np.shape).astype(member.np.dtype)
+    rows = {"input_ids": num_tokens, "use_last": num_tokens, "src_rows": num_tokens, "positions": num_tokens,
+            "slot_mapping": num_tokens, "seq_lens": num_reqs, "query_start_loc": num_reqs + 1,
+            "logits_indices": num_reqs, "block_tables": num_reqs}
+    buf.use_host(1)
+    buf.copy_to_device(num_reqs, num_tokens)
+    base, ptrs = buf.packed.dev.data_ptr(), {}
+    for name, n in rows.items():
+        member = getattr(buf, name)
+        np.testing.assert_array_equal(member.gpu.numpy(), member.np[:n], err_msg=name)
+        assert member.gpu.shape[0] == n and member.gpu.dtype == torch.from_numpy(member.np).dtype, name
+        assert (member.gpu.data_ptr() - base) % PackedTwins.ALIGN == 0, name
+        ptrs[name] = member.gpu.data_ptr()
+    ends = sorted((p - base, p - base + getattr(buf, n).gpu.nbytes) for n, p in ptrs.items())
+    assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:])), "members overlap"
+    buf.copy_to_device(2, 2)  # another shape in between
+    buf.input_ids.np[0] += 1
+    buf.use_host(0)
+    buf.copy_to_device(num_reqs, num_tokens)
+    assert {name: getattr(buf, name).gpu.data_ptr() for name in rows} == ptrs
+    assert buf.input_ids.gpu[0].item() == buf.input_ids.np[0]

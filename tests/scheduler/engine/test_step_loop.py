@@ -119,9 +119,12 @@ def test_failed_rows_fail_only_those_requests_and_free_their_blocks(depth, caplo
     error_id = error.message.split()[-1].rstrip(")")
     assert "temperature inf" not in error.message
     assert any(error_id in r.getMessage() and "temperature inf" in r.getMessage() for r in caplog.records)
-    # its 2 blocks come back once no step in flight holds it (with depth 2, step 1 has it too)
-    held = blocks[0] + blocks[2] + (blocks[1] if depth == 2 else 0)
-    assert scheduler.num_free_blocks == scheduler.num_total_blocks - held
+    # its 2 blocks come back once no step in flight holds it (with depth 2, step 1 has it too;
+    # the errors go out once the next plan is sent, so the others' blocks may have grown)
+    if depth == 2:
+        assert len(scheduler.requests[1].block_ids) == blocks[1] and scheduler.requests[1].is_finished
+    else:
+        assert 1 not in scheduler.requests
     asyncio.run(loop.run_until_idle())
     assert len(errors) == 1  # reported again by step 1 (planned ahead): already failed, ignored
     assert set(streams) == {0, 2} and not scheduler.requests  # every other row ran to its end
