@@ -1,4 +1,4 @@
-"""W1 and W2 through both services, two trees alternating (A-B-A-B) in one call, each tree
+"""W1, W2 and W3 through both services, two trees alternating (A-B-A-B) in one call, each tree
 running its own code (its own benchmarks.harness): lent machines differ by 30% or more, so a
 change is measured against the previous commit in the same call and quoted as a ratio.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from benchmarks import workloads
 from benchmarks.harness import _full_system_run, model_path
 model = model_path("llama-1b")
-runs = {"w1": (workloads.w1(), 0.0), "w2": (workloads.w2(), 0.6)}
+runs = {"w1": (workloads.w1(), 0.0), "w2": (workloads.w2(), 0.6), "w3": (workloads.w3(), 0.0)}
 out = _full_system_run(model, Path(tempfile.mkdtemp()), [], runs)
 print("ABRUN " + json.dumps(out))
 """

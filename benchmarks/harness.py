@@ -41,8 +41,8 @@ def runner_for_folder(folder: Path, **overrides):
     return runner, time.perf_counter() - t
 
 
-TIMING_FIELDS = ("schedule_us", "apply_us", "result_wait_us", "executor_queued_us",
-                 "executor_launch_us", "device_idle_us")
+TIMING_FIELDS = ("schedule_us", "apply_us", "apply_deferred_us", "result_wait_us", "executor_queued_us",
+                 "executor_launch_us", "executor_launch_cpu_us", "device_idle_us")
 
 
 def _per_step(before, after) -> dict:

@@ -148,16 +148,28 @@ def _w2so_rows(w2so: dict) -> list[tuple[str, str, str]]:
 
 
 def _ab_rows(ab: dict) -> list[tuple[str, str, str]]:
-    """Both services, old tree vs this one alternating: medians and the new/old ratio."""
+    """Both services, old tree vs this one alternating: medians, the new/old ratio, and the
+    host's per-step figures (executor launch, scheduler schedule + apply, device idle)."""
     ok = [x for x in ab.get("rows", []) if "w1" in x]
-    med = {label: (statistics.median(x["w1"]["tpot_ms"] for x in ok if x["tree"] == label),
-                   statistics.median(x["w2"]["tok_s"] for x in ok if x["tree"] == label))
-           for label in ("old", "new") if any(x["tree"] == label for x in ok)}
-    if len(med) < 2:
-        return []
-    (w1o, w2o), (w1n, w2n) = med["old"], med["new"]
-    return [("A-B W1 TPOT new / old", f"{w1n / w1o:.3f}x", f"{w1n:.3f} vs {w1o:.3f} ms"),
-            ("A-B W2 tok/s new / old", f"{w2n / w2o:.3f}x", f"{w2n:,.0f} vs {w2o:,.0f} tok/s")]
+    r = []
+    for name, key, unit, fmt in (("w1", "tpot_ms", "ms TPOT", ".3f"), ("w2", "tok_s", "tok/s", ",.0f"),
+                                 ("w3", "tok_s", "tok/s", ",.0f")):
+        med = {}
+        for label in ("old", "new"):
+            runs = [x[name] for x in ok if x["tree"] == label and name in x]
+            if runs:
+                step = [x.get("per_step") or {} for x in runs]
+                host = {k: statistics.median(p.get(k, 0) for p in step)
+                        for k in ("executor_launch_us", "schedule_us", "apply_us", "device_idle_us", "device_us")}
+                med[label] = (statistics.median(x[key] for x in runs), host)
+        if len(med) < 2:
+            continue
+        (o, ho), (n, hn) = med["old"], med["new"]
+        r.append((f"A-B {name.upper()} {unit} new / old", f"{n / o:.3f}x", f"{n:{fmt}} vs {o:{fmt}}"))
+        r.append((f"A-B {name.upper()} per step new / old", "launch / sched+apply / idle / device us",
+                  " vs ".join(f"{h['executor_launch_us']:.0f} / {h['schedule_us'] + h['apply_us']:.0f} / "
+                              f"{h['device_idle_us']:.0f} / {h['device_us']:.0f}" for h in (hn, ho))))
+    return r
 
 
 def _smol_rows(smol: dict) -> list[tuple[str, str, str]]:

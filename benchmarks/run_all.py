@@ -191,7 +191,7 @@ def section_w2so(out: dict) -> None:
 
 
 def section_ab(out: dict) -> None:
-    """W1 and W2 through both services, OLD_TREE and this tree alternating twice
+    """W1, W2 and W3 through both services, OLD_TREE and this tree alternating twice
     (AB_ROUNDS times, default 2; benchmarks/ab_full.py: each tree runs its own code)."""
     from benchmarks import ab_full
 

@@ -101,8 +101,10 @@ class CoreStats:
     schedule_us: int = 0
     apply_us: int = 0
     result_wait_us: int = 0
+    apply_deferred_us: int = 0  # the part of apply_us after the next plan was sent
     executor_queued_us: int = 0
     executor_launch_us: int = 0
+    executor_launch_cpu_us: int = 0  # the launches' thread CPU time (the rest: GIL waits)
     device_idle_us: int = 0
     # Executor step times (prepare + forward + sample) per bucket of engine/stats.py's
     # STEP_TIME_BUCKETS, not cumulative, the last one above them all (a few ints a message).

@@ -79,7 +79,7 @@ def result_to_pb(result: StepResult) -> pb.StepResult:
         step_id=result.step_id, req_ids=result.req_ids, token_ids=result.token_ids,
         prepare_us=result.prepare_us, forward_us=result.forward_us, sample_us=result.sample_us,
         graph_size=result.graph_size, queued_us=result.queued_us, launch_us=result.launch_us,
-        device_idle_us=result.device_idle_us, error=result.error, num_tokens=result.num_tokens,
+        launch_cpu_us=result.launch_cpu_us, device_idle_us=result.device_idle_us, error=result.error, num_tokens=result.num_tokens,
         failed_req_ids=result.failed_req_ids, failed_errors=result.failed_errors)
     if result.logprobs is not None:
         msg.logprobs.CopyFrom(_logprobs_to_pb(result.logprobs))
@@ -96,7 +96,7 @@ def result_from_pb(msg: pb.StepResult) -> StepResult:
         step_id=msg.step_id, req_ids=list(msg.req_ids), token_ids=list(msg.token_ids),
         prepare_us=msg.prepare_us, forward_us=msg.forward_us, sample_us=msg.sample_us,
         graph_size=msg.graph_size, queued_us=msg.queued_us, launch_us=msg.launch_us,
-        device_idle_us=msg.device_idle_us, error=msg.error, num_tokens=list(msg.num_tokens),
+        launch_cpu_us=msg.launch_cpu_us, device_idle_us=msg.device_idle_us, error=msg.error, num_tokens=list(msg.num_tokens),
         failed_req_ids=list(msg.failed_req_ids), failed_errors=list(msg.failed_errors))
     if msg.HasField("logprobs"):
         result.logprobs = _logprobs_from_pb(msg.logprobs)

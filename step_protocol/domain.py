@@ -216,6 +216,7 @@ class StepResult:
     graph_size: int = 0  # batch size of the replayed CUDA graph; 0 = eager
     queued_us: int = 0  # the plan waiting on the executor between its arrival and its launch
     launch_us: int = 0  # the launch on the device thread (host time)
+    launch_cpu_us: int = 0  # its thread CPU time (launch_us minus this: waiting for the GIL)
     device_idle_us: int = 0  # device idle before this step started (CUDA; 0 = queued in time)
     # Logprobs of the sampled tokens, one row per entry of req_ids; None when no request of
     # the step asked (rows of requests that did not ask are there but meaningless).

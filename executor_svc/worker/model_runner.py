@@ -113,15 +113,12 @@ class ModelRunner:
             self.batch.clear()
             self.sampler.reset()
 
-    def watch(self, on_failure) -> None:
-        """on_failure(reason) once, from another thread, when another rank of the step dies."""
+    def watch(self, on_failure) -> None:  # on_failure(reason), once, when another rank dies
         self.ranks.watch(on_failure)
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Stops the other ranks, if any."""
+    def close(self, timeout: float = 10.0) -> None:  # stops the other ranks, if any
         self.ranks.close(timeout)
 
-    # ---- one step -------------------------------------------------------------------------
     def execute(self, plan: StepPlan) -> StepResult:
         """Runs one step plan; returns the sampled token of each request that completed its known tokens."""
         return self.finish(self.launch(plan))
@@ -131,19 +128,22 @@ class ModelRunner:
         """Enqueues one step on the device and returns without waiting for it.
 
         Checks the plan (a bad one raises PlanError and changes nothing; a bad row fails
-        alone, in the result's failed_req_ids, and the rest runs), updates rows,
-        prepares the inputs in host set (step parity), copies them non-blocking, runs the
-        forward (graph replay or eager), samples on the device (the rows' last tokens, a copy
-        into pinned host memory), verifies the drafts of verify rows and records an event.
-        No host synchronisation, except when the step that last used this parity's buffers has
-        not been finished yet (more than two steps outstanding): then it is finished first.
-        Steps must be finished in launch order; finish() may run on another thread.
-        arrived: time.perf_counter() when the plan arrived (its wait is reported as queued_us).
-        """
-        t0 = time.perf_counter()
+        alone, in the result's failed_req_ids), updates rows, prepares the inputs in host set
+        (step parity), copies them non-blocking, runs the forward (graph replay or eager),
+        samples on the device (into pinned host memory), verifies the drafts of verify rows
+        and records an event. No host synchronisation, except when the step that last used
+        this parity's buffers has not been finished yet: then it is finished first. Steps
+        must be finished in launch order; finish() may run on another thread. arrived:
+        time.perf_counter() when the plan arrived (queued_us); launch_us and launch_cpu_us
+        are the launch's wall and thread CPU time."""
+        t0, cpu0 = time.perf_counter(), time.thread_time_ns()
         with self.ranks.guard(), self._deferred.lock:
             self._deferred.flush()  # the previous step's masked sampling: before this plan changes any row
-            return self._launch(plan, arrived, t0)
+            handle = self._launch(plan, arrived, t0)
+        if not handle.finished:  # (a step with no row left ran nothing)
+            handle.out.launch_cpu_us = (time.thread_time_ns() - cpu0) // 1000
+            handle.out.launch_us = int((time.perf_counter() - t0) * 1e6)
+        return handle
 
     def _launch(self, plan: StepPlan, arrived: float | None, t0: float) -> StepHandle:
         out = StepResult(step_id=plan.step_id)
@@ -209,7 +209,6 @@ class ModelRunner:
         handle.req_ids = [by_row[r].req_id for r in step.sample_rows.tolist()]
         self._handles[parity] = handle
         self._last_timer = timer
-        out.launch_us = int((time.perf_counter() - t0) * 1e6)
         return handle
 
     def finish(self, handle: StepHandle) -> StepResult:

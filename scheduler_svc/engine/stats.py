@@ -50,6 +50,7 @@ class EngineStats:
         s.num_graph_steps += result.graph_size > 0
         s.executor_queued_us += result.queued_us
         s.executor_launch_us += result.launch_us
+        s.executor_launch_cpu_us += result.launch_cpu_us
         s.device_idle_us += result.device_idle_us
         seconds = (result.prepare_us + result.forward_us + result.sample_us) / 1e6
         self._step_counts[bisect.bisect_left(STEP_TIME_BUCKETS, seconds)] += 1
@@ -65,6 +66,7 @@ class EngineStats:
         s, t = self.stats, self.loop_timings
         s.step_time_counts = tuple(self._step_counts)
         s.schedule_us, s.apply_us, s.result_wait_us = t.schedule_us, t.apply_us, t.result_wait_us
+        s.apply_deferred_us = t.deferred_us
         scheduled, self.scheduled = self.scheduled, []
         return scheduled
 

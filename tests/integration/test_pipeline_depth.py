@@ -22,6 +22,11 @@ def test_status_says_where_the_step_time_went(llama_cluster):
         assert getattr(t1, name) > getattr(t0, name), name  # each side measured every step
     assert t1.executor_queued_us >= t0.executor_queued_us
     assert t1.device_idle_us == t0.device_idle_us == 0  # measured with CUDA events only
+    # the decode rows' text and outputs went out after the next plan: part of apply_us
+    assert 0 < t1.apply_deferred_us - t0.apply_deferred_us <= t1.apply_us - t0.apply_us
+    # the launches' thread CPU time: part of their wall time (each step rounds down both)
+    launch, cpu = t1.executor_launch_us - t0.executor_launch_us, t1.executor_launch_cpu_us - t0.executor_launch_cpu_us
+    assert 0 < cpu <= launch + (steps1 - steps0)
 
 
 @pytest.mark.parametrize("args", [["--no-overlap"], ["--pipeline-depth", "2"]], ids=["sync", "depth2"])

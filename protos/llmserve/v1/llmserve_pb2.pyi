@@ -289,17 +289,21 @@ class GetServerStatusResponse(_message.Message):
     def __init__(self, total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., used_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_steps: _Optional[int] = ..., executor_busy_us: _Optional[int] = ..., num_graph_steps: _Optional[int] = ..., executor_available: _Optional[bool] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., step_timings: _Optional[_Union[StepTimings, _Mapping]] = ...) -> None: ...
 
 class StepTimings(_message.Message):
-    __slots__ = ("schedule_us", "apply_us", "result_wait_us", "executor_queued_us", "executor_launch_us", "device_idle_us")
+    __slots__ = ("schedule_us", "apply_us", "result_wait_us", "executor_queued_us", "executor_launch_us", "device_idle_us", "apply_deferred_us", "executor_launch_cpu_us")
     SCHEDULE_US_FIELD_NUMBER: _ClassVar[int]
     APPLY_US_FIELD_NUMBER: _ClassVar[int]
     RESULT_WAIT_US_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_QUEUED_US_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_LAUNCH_US_FIELD_NUMBER: _ClassVar[int]
     DEVICE_IDLE_US_FIELD_NUMBER: _ClassVar[int]
+    APPLY_DEFERRED_US_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_LAUNCH_CPU_US_FIELD_NUMBER: _ClassVar[int]
     schedule_us: int
     apply_us: int
     result_wait_us: int
     executor_queued_us: int
     executor_launch_us: int
     device_idle_us: int
-    def __init__(self, schedule_us: _Optional[int] = ..., apply_us: _Optional[int] = ..., result_wait_us: _Optional[int] = ..., executor_queued_us: _Optional[int] = ..., executor_launch_us: _Optional[int] = ..., device_idle_us: _Optional[int] = ...) -> None: ...
+    apply_deferred_us: int
+    executor_launch_cpu_us: int
+    def __init__(self, schedule_us: _Optional[int] = ..., apply_us: _Optional[int] = ..., result_wait_us: _Optional[int] = ..., executor_queued_us: _Optional[int] = ..., executor_launch_us: _Optional[int] = ..., device_idle_us: _Optional[int] = ..., apply_deferred_us: _Optional[int] = ..., executor_launch_cpu_us: _Optional[int] = ...) -> None: ...

@@ -127,7 +127,8 @@ class LLMServeServicer(pb_grpc.LLMServeServicer):
             step_timings=pb.StepTimings(
                 schedule_us=s.schedule_us, apply_us=s.apply_us, result_wait_us=s.result_wait_us,
                 executor_queued_us=s.executor_queued_us, executor_launch_us=s.executor_launch_us,
-                device_idle_us=s.device_idle_us),
+                device_idle_us=s.device_idle_us, apply_deferred_us=s.apply_deferred_us,
+                executor_launch_cpu_us=s.executor_launch_cpu_us),
         )
 
     async def _admit(self, request: pb.GenerateRequest, context):

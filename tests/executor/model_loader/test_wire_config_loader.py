@@ -38,7 +38,7 @@ def test_plan_round_trip():
 
 def test_result_and_info_to_pb():
     out = StepResult(step_id=4, req_ids=[1, 2], token_ids=[10, 20], prepare_us=5, forward_us=6,
-                     sample_us=7, graph_size=8)
+                     sample_us=7, graph_size=8, queued_us=9, launch_us=10, launch_cpu_us=11, device_idle_us=12)
     assert codec.result_from_pb(_over_the_wire(codec.result_to_pb(out))) == out
     assert codec.result_to_pb(StepResult(step_id=4, error="boom")).error == "boom"
     info = ExecutorInfo("m", "/p", 512, (1, 2), 2048, 16, 100, (1, 2, 4), 8, 256, "cpu", "float32")

@@ -40,6 +40,8 @@ class Driver:
         cached = cached or CachedRequestData()
         out = self.runner.execute(StepPlan(self.step_id, list(new), cached, list(finished), list(preempted)))
         assert out.graph_size == 0 and out.step_id == self.step_id
+        # the launch's thread CPU time: part of its wall time (a plan with no rows launches nothing)
+        assert (out.launch_cpu_us > 0) == bool(new or cached.req_ids) and out.launch_cpu_us <= out.launch_us + 1
         return out.sampled()
 
     def decode(self, req_ids, num_steps: int) -> dict[int, list[int]]:

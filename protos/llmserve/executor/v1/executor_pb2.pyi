@@ -159,7 +159,7 @@ class PromptLogprobs(_message.Message):
     def __init__(self, req_ids: _Optional[_Iterable[int]] = ..., first_positions: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Logprobs, _Mapping]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "req_ids", "token_ids", "prepare_us", "forward_us", "sample_us", "graph_size", "error", "logprobs", "prompt_logprobs", "queued_us", "launch_us", "device_idle_us", "num_tokens", "failed_req_ids", "failed_errors")
+    __slots__ = ("step_id", "req_ids", "token_ids", "prepare_us", "forward_us", "sample_us", "graph_size", "error", "logprobs", "prompt_logprobs", "queued_us", "launch_us", "device_idle_us", "num_tokens", "failed_req_ids", "failed_errors", "launch_cpu_us")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,7 @@ class StepResult(_message.Message):
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FAILED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     FAILED_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_CPU_US_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     req_ids: _containers.RepeatedScalarFieldContainer[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -192,7 +193,8 @@ class StepResult(_message.Message):
     num_tokens: _containers.RepeatedScalarFieldContainer[int]
     failed_req_ids: _containers.RepeatedScalarFieldContainer[int]
     failed_errors: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, step_id: _Optional[int] = ..., req_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., prepare_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., sample_us: _Optional[int] = ..., graph_size: _Optional[int] = ..., error: _Optional[str] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[PromptLogprobs, _Mapping]] = ..., queued_us: _Optional[int] = ..., launch_us: _Optional[int] = ..., device_idle_us: _Optional[int] = ..., num_tokens: _Optional[_Iterable[int]] = ..., failed_req_ids: _Optional[_Iterable[int]] = ..., failed_errors: _Optional[_Iterable[str]] = ...) -> None: ...
+    launch_cpu_us: int
+    def __init__(self, step_id: _Optional[int] = ..., req_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., prepare_us: _Optional[int] = ..., forward_us: _Optional[int] = ..., sample_us: _Optional[int] = ..., graph_size: _Optional[int] = ..., error: _Optional[str] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[PromptLogprobs, _Mapping]] = ..., queued_us: _Optional[int] = ..., launch_us: _Optional[int] = ..., device_idle_us: _Optional[int] = ..., num_tokens: _Optional[_Iterable[int]] = ..., failed_req_ids: _Optional[_Iterable[int]] = ..., failed_errors: _Optional[_Iterable[str]] = ..., launch_cpu_us: _Optional[int] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
     __slots__ = ()
