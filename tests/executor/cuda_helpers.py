@@ -13,11 +13,24 @@ from tests.executor.conftest import decode_rows
 
 def cuda_runner(path, **kw) -> ModelRunner:
     """A CUDA runner built from an ExecutorConfig (whose field defaults are not from_args'
-    defaults: the graph sizes are given here, mixed ones as the executor's default)."""
+    defaults: the graph sizes are given here, mixed ones as the executor's default). Its KV cache
+    is fixed (what Driver gives 64 requests, and the null block), not measured from free memory:
+    tests run in parallel on one GPU (num_kv_blocks=0 measures; see memory_share)."""
     base = dict(model=str(path), device="cuda", dtype="bfloat16", max_num_seqs=64,
                 max_num_batched_tokens=2048, cuda_graph_sizes=(1, 2, 4, 8, 16, 32, 64),
-                mixed_cuda_graph_sizes=default_mixed_cuda_graph_sizes(2048))
+                mixed_cuda_graph_sizes=default_mixed_cuda_graph_sizes(2048), num_kv_blocks=64 * 16 + 1)
     return build_runner(ExecutorConfig(**{**base, **kw}))
+
+
+def memory_share(nbytes: int) -> float:
+    """The --gpu-memory-utilization that leaves a runner built next nbytes of the memory free now
+    (its weights, activation peak and measured KV cache), whatever other processes hold."""
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return 1.0 - max(free - nbytes, 0) / total
 
 
 class Driver:

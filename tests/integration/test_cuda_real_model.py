@@ -8,7 +8,9 @@ import torch
 
 from benchmarks import real_model
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+# cuda_slow: the GGUF conversion and the fp32 CPU reference of every prompt (the module's fixture)
+pytestmark = [pytest.mark.cuda, pytest.mark.cuda_slow,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 NUM_TOKENS = 48
 
 

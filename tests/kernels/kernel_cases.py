@@ -142,6 +142,16 @@ TRITON_MARKS = [
 ]
 
 
+def tier(values: list, fast) -> list:
+    """Parametrize values, on CUDA those not in `fast` marked cuda_slow: the fast tier (pytest -m
+    "cuda and not cuda_slow") runs the product of every parametrize's fast values, the cuda_slow
+    tier the rest. Interpreted (CPU) runs are not split: their shapes are small already."""
+    if not ON_CUDA:
+        return list(values)
+    return [v if v in fast else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.cuda_slow)
+            for v in values]
+
+
 def tolerance(dtype: torch.dtype) -> float:
     """Relative error a Triton kernel may show against its fp32 reference in this dtype."""
     return 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4

@@ -12,7 +12,7 @@ import torch
 import kernels
 from kernels import fp8_reference as ref
 from kernels import reference
-from tests.kernels.kernel_cases import DEVICE, ON_CUDA, TRITON_MARKS, rel_err, tolerance
+from tests.kernels.kernel_cases import DEVICE, ON_CUDA, TRITON_MARKS, rel_err, tier, tolerance
 from tests.kernels.test_fp8_gemm import fp8_case, triton_test
 
 DTYPE = torch.bfloat16 if ON_CUDA else torch.float16
@@ -77,7 +77,8 @@ def test_fused_quant_group_follows_the_w8a8_path():
 @triton_test
 @pytest.mark.parametrize("group", GROUPS + [512])
 @pytest.mark.parametrize("with_residual", [False, True])
-@pytest.mark.parametrize("m,k", [(1, 2048), (37, 1000), (130, 2048)] if ON_CUDA else [(3, 1000), (7, 512)])
+@pytest.mark.parametrize("m,k", tier([(1, 2048), (37, 1000), (130, 2048)], [(37, 1000)]) if ON_CUDA
+                         else [(3, 1000), (7, 512)])
 def test_rms_norm_quant_kernel_equals_the_unfused_kernels(m, k, with_residual, group):
     from kernels.fp8_fused import rms_norm_quant_triton
     from kernels.fp8_w8a8 import quantize_activations_triton
@@ -106,7 +107,8 @@ def test_rms_norm_quant_kernel_equals_the_unfused_kernels(m, k, with_residual, g
 
 @triton_test
 @pytest.mark.parametrize("group", GROUPS)
-@pytest.mark.parametrize("m,inter", [(1, 8192), (64, 8192), (33, 1000)] if ON_CUDA else [(3, 1000), (5, 256)])
+@pytest.mark.parametrize("m,inter", tier([(1, 8192), (64, 8192), (33, 1000)], [(33, 1000)]) if ON_CUDA
+                         else [(3, 1000), (5, 256)])
 def test_silu_and_mul_quant_kernel_equals_the_unfused_kernels(m, inter, group):
     from kernels.activation import silu_and_mul_triton
     from kernels.fp8_fused import silu_and_mul_quant_triton

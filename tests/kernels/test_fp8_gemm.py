@@ -10,7 +10,7 @@ import torch
 
 import kernels
 from kernels import fp8_reference as ref
-from tests.kernels.kernel_cases import DEVICE, ON_CUDA, TRITON_MARKS, rel_err, tolerance
+from tests.kernels.kernel_cases import DEVICE, ON_CUDA, TRITON_MARKS, rel_err, tier, tolerance
 
 FP8 = torch.float8_e4m3fn
 STRATEGIES = [("tensor", None), ("channel", None), ("block", (128, 128))]
@@ -20,6 +20,8 @@ MODEL_SHAPES = [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192),
 SHAPES = MODEL_SHAPES + [(1000, 576)] if ON_CUDA else [(200, 320), (72, 200)]  # partial N / K tiles
 ROWS = [1, 2, 8, 16, 32, 64, 65, 256, 1000] if ON_CUDA else [1, 3, 16, 40, 70]
 DTYPE = torch.bfloat16 if ON_CUDA else torch.float16
+# the fast tier's sweep: a model shape and the partial tiles; the GEMV, a w8a16 tile, w8a8
+FAST_SHAPES, FAST_ROWS = tier(SHAPES, [(3072, 2048), (1000, 576)]), tier(ROWS, [1, 16, 65])
 
 
 def triton_test(fn):
@@ -133,8 +135,8 @@ def reference_quantization(monkeypatch):
 
 @triton_test
 @pytest.mark.parametrize("strategy,block", STRATEGIES)
-@pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("n,k", FAST_SHAPES)
+@pytest.mark.parametrize("m", FAST_ROWS)
 def test_fp8_linear_matches_its_reference(m, n, k, strategy, block, reference_quantization):
     """The dispatch: <= 64 rows the w8a16 kernel (vs the w8a16 reference), more the w8a8 GEMM (vs
     the w8a8 reference); outputs in x's dtype, bias included."""
@@ -150,8 +152,8 @@ def test_fp8_linear_matches_its_reference(m, n, k, strategy, block, reference_qu
 
 @triton_test
 @pytest.mark.parametrize("strategy,block", STRATEGIES + [("block", (32, 48))])
-@pytest.mark.parametrize("dtype", [torch.float32, DTYPE])
-@pytest.mark.parametrize("m", [1, 5, 16, 33, 64])
+@pytest.mark.parametrize("dtype", tier([torch.float32, DTYPE], [DTYPE]))
+@pytest.mark.parametrize("m", tier([1, 5, 16, 33, 64], [1, 33]))  # the fast tier: 1- and 64-row tiles
 def test_w8a16_every_config_and_determinism(m, dtype, strategy, block):
     """Each candidate config that fits (split-K included) and the tuned one match the reference and
     repeat bit for bit; bk = 48 runs 16-column K tiles."""
@@ -172,7 +174,7 @@ def test_w8a16_every_config_and_determinism(m, dtype, strategy, block):
 @triton_test
 @pytest.mark.parametrize("strategy,block", STRATEGIES + [("block", (64, 256))])
 @pytest.mark.parametrize("backend", ["triton", "scaled_mm"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", tier([torch.bfloat16, torch.float16], [torch.bfloat16]))
 def test_w8a8_backends(backend, strategy, block, dtype, reference_quantization):
     from kernels.fp8_w8a8 import w8a8_linear_triton
 
@@ -239,7 +241,7 @@ def test_bad_arguments_raise():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not ON_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("strategy,block", STRATEGIES)
+@pytest.mark.parametrize("strategy,block", tier(STRATEGIES, [("channel", None)]))  # fast: --quantization fp8's
 def test_cuda_graph_replay_equals_eager(strategy, block):
     """Each path captured (after an eager warm-up that tunes) and replayed on new inputs in the
     same static buffer gives the eager result."""

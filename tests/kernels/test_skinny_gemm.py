@@ -9,13 +9,16 @@ import torch
 
 import kernels
 from kernels import reference as ref
-from tests.kernels.kernel_cases import DEVICE, ON_CUDA, TRITON_MARKS, rel_err, tolerance
+from tests.kernels.kernel_cases import DEVICE, ON_CUDA, TRITON_MARKS, rel_err, tier, tolerance
 
 DTYPES = [torch.bfloat16, torch.float32] if ON_CUDA else [torch.float16, torch.float32]
 ROWS = [1, 3, 8, 16]
 # (N, K): non-multiples of the block sizes; the llama-1b qkv shape on the GPU only (too slow interpreted)
 SHAPES = [(1000, 576), (72, 200)] + ([(3072, 2048)] if ON_CUDA else [])
 EPS = 1e-5
+# the fast tier's sweeps: bf16, partial N and K tiles, one row and a partial row tile (every
+# config, split-K and the tuned choice at the llama-1b shape: test_every_config_and_determinism)
+FAST_DTYPES, FAST_SHAPES, FAST_ROWS = tier(DTYPES, [torch.bfloat16]), tier(SHAPES, [(1000, 576)]), tier(ROWS, [1, 3])
 
 
 def triton_test(fn):
@@ -115,9 +118,9 @@ def _configs(m, k):
 
 
 @triton_test
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize("n,k", FAST_SHAPES)
+@pytest.mark.parametrize("m", FAST_ROWS)
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_linear(m, n, k, dtype, with_bias, with_residual):
@@ -133,9 +136,9 @@ def test_rms_norm_linear(m, n, k, dtype, with_bias, with_residual):
 
 
 @triton_test
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize("n,k", FAST_SHAPES)
+@pytest.mark.parametrize("m", FAST_ROWS)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_skinny_linear(m, n, k, dtype, with_bias):
     from kernels.skinny_gemm import default_config, skinny_linear_triton
@@ -147,9 +150,9 @@ def test_skinny_linear(m, n, k, dtype, with_bias):
 
 
 @triton_test
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("dtype", FAST_DTYPES)
+@pytest.mark.parametrize("n,k", FAST_SHAPES)
+@pytest.mark.parametrize("m", FAST_ROWS)
 def test_silu_mul_linear(m, n, k, dtype):
     from kernels.skinny_gemm import default_config, silu_mul_linear_triton
 
@@ -160,7 +163,7 @@ def test_silu_mul_linear(m, n, k, dtype):
 
 
 @triton_test
-@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("m", tier([1, 5, 16], [5]))
 def test_every_config_and_determinism(m):
     """Each config (split-K included) matches the reference, and repeats bit for bit."""
     from kernels.skinny_gemm import (
@@ -239,8 +242,10 @@ def test_model_greedy_tokens_equal_with_skinny_on_and_off(tmp_path, arch):
         cuda_runner,
     )
 
+    # mixed graphs: those the prefills of 1, 5 and 16 prompts of 40 tokens take (of the default sizes)
     runner = cuda_runner(build_random_model(tmp_path / arch, arch), dtype="float32", max_num_seqs=16,
-                         cuda_graph_sizes=(1, 2, 4, 8, 16), num_kv_blocks=16 * 16 + 1)
+                         cuda_graph_sizes=(1, 2, 4, 8, 16), mixed_cuda_graph_sizes=(64, 224, 640),
+                         num_kv_blocks=16 * 16 + 1)
     model = runner.model
     runner.use_graphs(False)
     try:

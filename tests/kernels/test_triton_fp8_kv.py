@@ -25,6 +25,7 @@ from tests.kernels.kernel_cases import (
     make_case,
     mixed_lens,
     rel_err,
+    tier,
     tolerance,
 )
 
@@ -112,7 +113,8 @@ def _check_attention(out, quantized, dense, ks, vs, dtype, window=0, decode=True
 
 
 # (dtype index, head_dim, num_heads, num_kv_heads, block_size)
-FP8_ATTENTION_CONFIGS = [(0, 64, 32, 8, 16), (1, 128, 16, 8, 16), (0, 128, 12, 2, 8), (1, 64, 8, 8, 32)]
+FP8_ATTENTION_CONFIGS = tier([(0, 64, 32, 8, 16), (1, 128, 16, 8, 16), (0, 128, 12, 2, 8), (1, 64, 8, 8, 32)],
+                             [(0, 128, 12, 2, 8), (1, 64, 8, 8, 32)])  # the fast tier: block sizes 8, 32
 
 
 @pytest.mark.parametrize("dtype_index,head_dim,num_heads,num_kv_heads,block_size", FP8_ATTENTION_CONFIGS)
@@ -260,7 +262,7 @@ def test_fp8_attention_query_past_the_fp16_range(decode):
     _check_attention(out, quantized, dense, ks, vs, dtype, decode=decode)
 
 
-@pytest.mark.parametrize("batch", [1, 8, 64, 200])
+@pytest.mark.parametrize("batch", tier([1, 8, 64, 200], [1, 200]))
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_decode_attention_fp8_launch_configs(batch, head_dim):
     """Each FP8 launch decode_launch_config picks (llama-1b's 8 KV heads on an H200, the batch

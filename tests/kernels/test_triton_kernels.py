@@ -19,6 +19,7 @@ from tests.kernels.kernel_cases import (
     make_case,
     mixed_lens,
     rel_err,
+    tier,
     tolerance,
 )
 
@@ -44,9 +45,11 @@ def _decode_lens(rng, batch, max_ctx):
 # keep the number of compiled variants (and the GPU run) small.
 ATTENTION_CONFIGS = [(0, 64, 32, 8), (1, 64, 32, 8), (0, 128, 16, 8), (1, 128, 16, 16),
                      (0, 64, 14, 2), (1, 128, 12, 2), (0, 128, 8, 8)]
+# the fast tier's: both dtypes and head dims, groups of 4 and 6 query heads per KV head
+FAST_ATTENTION = tier(ATTENTION_CONFIGS, [(0, 64, 32, 8), (1, 128, 12, 2)])
 
 
-@pytest.mark.parametrize("dtype_index,head_dim,num_heads,num_kv_heads", ATTENTION_CONFIGS)
+@pytest.mark.parametrize("dtype_index,head_dim,num_heads,num_kv_heads", FAST_ATTENTION)
 @pytest.mark.parametrize("batch", [1, 7, 64] if ON_CUDA else [1, 5])
 def test_decode_attention(dtype_index, head_dim, num_heads, num_kv_heads, batch):
     dtype = DTYPES[dtype_index]
@@ -71,7 +74,7 @@ def test_decode_attention_block_sizes(block_size):
     assert rel_err(_decode(case), dense_attention(case)) < 1e-2
 
 
-@pytest.mark.parametrize("dtype_index,head_dim,num_heads,num_kv_heads", ATTENTION_CONFIGS)
+@pytest.mark.parametrize("dtype_index,head_dim,num_heads,num_kv_heads", FAST_ATTENTION)
 def test_paged_attention_varlen(dtype_index, head_dim, num_heads, num_kv_heads):
     dtype = DTYPES[dtype_index]
     from kernels.attention_prefill import paged_attention_triton
@@ -98,11 +101,13 @@ def test_paged_attention_varlen(dtype_index, head_dim, num_heads, num_kv_heads):
     assert rel_err(out, dense_attention(case)) < tolerance(dtype)
 
 
-WINDOW_CONFIGS = [(0, 64, 32, 8, 16), (1, 128, 12, 2, 8), (0, 128, 8, 8, 32)]  # ..., block_size
+WINDOW_CONFIGS = tier([(0, 64, 32, 8, 16), (1, 128, 12, 2, 8), (0, 128, 8, 8, 32)],  # ..., block_size
+                      [(0, 64, 32, 8, 16), (1, 128, 12, 2, 8)])
+WINDOWS = tier([1, 37, 256], [37, 256])
 
 
 @pytest.mark.parametrize("dtype_index,head_dim,num_heads,num_kv_heads,block_size", WINDOW_CONFIGS)
-@pytest.mark.parametrize("window", [1, 37, 256])
+@pytest.mark.parametrize("window", WINDOWS)
 def test_decode_attention_sliding_window(dtype_index, head_dim, num_heads, num_kv_heads, block_size, window):
     """Blocks wholly before the window are NaN in the case: a read of one shows in the output."""
     dtype = DTYPES[dtype_index]
@@ -123,7 +128,7 @@ def test_decode_attention_sliding_window(dtype_index, head_dim, num_heads, num_k
 
 
 @pytest.mark.parametrize("dtype_index,head_dim,num_heads,num_kv_heads,block_size", WINDOW_CONFIGS)
-@pytest.mark.parametrize("window", [1, 37, 256])
+@pytest.mark.parametrize("window", WINDOWS)
 def test_paged_attention_varlen_sliding_window(dtype_index, head_dim, num_heads, num_kv_heads, block_size, window):
     from kernels.attention_prefill import paged_attention_triton
 

@@ -14,6 +14,7 @@ from tests.kernels.kernel_cases import (
     POISON,
     TRITON_MARKS,
     rel_err,
+    tier,
     tolerance,
 )
 
@@ -37,9 +38,10 @@ def _rotary_write_kv_case(num_tokens, num_heads, num_kv_heads, head_dim, dtype, 
 
 
 # (dtype index, head_dim, num_heads, num_kv_heads, qk_norm, is_neox)
-ROTARY_WRITE_KV_CONFIGS = [(0, 64, 32, 8, False, True), (1, 64, 32, 8, True, True),
-                           (0, 128, 16, 8, True, True), (1, 128, 12, 2, False, True),
-                           (0, 64, 6, 6, False, False), (1, 128, 16, 4, True, False)]
+ROTARY_WRITE_KV_CONFIGS = tier([(0, 64, 32, 8, False, True), (1, 64, 32, 8, True, True),
+                                (0, 128, 16, 8, True, True), (1, 128, 12, 2, False, True),
+                                (0, 64, 6, 6, False, False), (1, 128, 16, 4, True, False)],
+                               [(1, 64, 32, 8, True, True), (0, 64, 6, 6, False, False)])  # the fast tier's
 
 
 @pytest.mark.parametrize("dtype_index,head_dim,num_heads,num_kv_heads,qk_norm,is_neox", ROTARY_WRITE_KV_CONFIGS)

@@ -21,6 +21,14 @@ def tiny_runner(tmp_path_factory):
 GRAPH_SIZES = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)  # the default sizes for 64 rows
 
 
+@pytest.fixture(scope="module")
+def llama_1b(tmp_path_factory):
+    """A random bf16 model of llama-1b's shapes (2.5 GB written once for the module's tests)."""
+    from executor_svc.model_loader.random_model import build_random_model
+
+    return build_random_model(tmp_path_factory.mktemp("1b") / "1b", "llama-1b", dtype=torch.bfloat16, device="cuda")
+
+
 @pytest.mark.parametrize("graph_size", GRAPH_SIZES)
 def test_graph_tokens_equal_eager_for_every_captured_size(tiny_runner, graph_size):
     """Each size replayed with its padded rows: one more request than the size below it."""
@@ -42,12 +50,14 @@ def test_bf16_tiny_and_prefill_too_large_for_graphs_runs_eagerly(tmp_path):
     assert d.decode(2) == [0, 0]  # 3 rows > largest graph: eager
 
 
-def test_llama_1b_shape_graph_logits_match_eager(tmp_path):
-    from executor_svc.model_loader.random_model import build_random_model
-    from tests.executor.cuda_helpers import cuda_runner, decode_logits_graph_and_eager
+@pytest.mark.cuda_slow
+@pytest.mark.gpu_exclusive  # alone on the GPU under xdist: it measures free memory
+def test_llama_1b_shape_graph_logits_match_eager(llama_1b):
+    from tests.executor.cuda_helpers import cuda_runner, decode_logits_graph_and_eager, memory_share
 
-    path = build_random_model(tmp_path / "1b", "llama-1b", dtype=torch.bfloat16, device="cuda")
-    runner = cuda_runner(path, cuda_graph_sizes=(1, 4, 64))
+    # no mixed graphs: the prefills run eagerly, the decode steps compared are the same
+    runner = cuda_runner(llama_1b, cuda_graph_sizes=(1, 4, 64), mixed_cuda_graph_sizes=(), num_kv_blocks=0,
+                         gpu_memory_utilization=memory_share(8 << 30))
     assert runner.info().num_blocks > 1000  # measured from free memory
     for n, size in ((1, 1), (3, 4), (64, 64)):
         g, e, got = decode_logits_graph_and_eager(runner, n)
@@ -108,12 +118,11 @@ def test_mixed_graphs_tokens_equal_eager(tiny_runner):
     assert graphs[1] == [32, 64, 64, 4, 4, 96, 4] and eager[1] == [0] * 7
 
 
-def test_llama_1b_shape_mixed_graph_logits_match_eager(tmp_path):
-    from executor_svc.model_loader.random_model import build_random_model
+@pytest.mark.cuda_slow
+def test_llama_1b_shape_mixed_graph_logits_match_eager(llama_1b):
     from tests.executor.cuda_helpers import cuda_runner, mixed_logits_graph_and_eager
 
-    path = build_random_model(tmp_path / "1b", "llama-1b", dtype=torch.bfloat16, device="cuda")
-    runner = cuda_runner(path, cuda_graph_sizes=(1, 4), mixed_cuda_graph_sizes=(64, 512))
+    runner = cuda_runner(llama_1b, cuda_graph_sizes=(1, 4), mixed_cuda_graph_sizes=(64, 512))
     for num_decode, chunk, size in ((3, 40, 64), (60, 300, 512)):
         g, e, got = mixed_logits_graph_and_eager(runner, num_decode, chunk)
         assert got == size and g.shape == e.shape == (num_decode + 1, runner.info().vocab_size)
