@@ -39,14 +39,15 @@ def params_mix(i: int, vocab: int, grammar: str) -> SamplerParams:
     return kinds[0] if i % 4 else kinds[(i // 4) % len(kinds)]
 
 
-def make_requests(num: int, vocab: int, max_len: int, seed: int = 3, grammar: str = "") -> list[Request]:
+def make_requests(num: int, vocab: int, max_len: int, max_out: int = 24, seed: int = 3,
+                  grammar: str = "") -> list[Request]:
     rng = random.Random(seed)
     out = []
     for i in range(num):
         n = rng.choice([rng.randint(1, 40), rng.randint(40, max_len // 2), rng.randint(max_len // 2, max_len)])
         params = params_mix(i, vocab, grammar)
-        max_out = 4 if params.grammar else rng.randint(1, 24)
-        out.append(Request(i + 1, [rng.randint(1, vocab - 1) for _ in range(n)], params, max_out))
+        n_out = 4 if params.grammar else rng.randint(1, max_out)
+        out.append(Request(i + 1, [rng.randint(1, vocab - 1) for _ in range(n)], params, n_out))
     return out
 
 
@@ -61,7 +62,7 @@ class MixScheduler:
         self.pending, self.waiting, self.running = deque(requests), deque(), []
         self.free = list(range(1, self.info.num_blocks))
         self.arrivals, self.step_id, self.results = arrivals, 0, []
-        self.decode_batches: set[int] = set()  # sizes of steps where every row decoded
+        self.decode_steps: list[tuple[int, int]] = []  # (batch size, graph size) of each decode-only step
 
     def run(self, max_steps: int = 10_000) -> list[StepResult]:
         while (self.pending or self.waiting or self.running) and self.step_id < max_steps:
@@ -105,9 +106,9 @@ class MixScheduler:
             self.running.append(r)
         if not scheduled and not plan.finished_req_ids:
             return
-        if scheduled and not plan.new_requests and all(n == 1 for n in scheduled.values()):
-            self.decode_batches.add(len(scheduled))
         result = self.runner.execute(plan)
+        if scheduled and not plan.new_requests and all(n == 1 for n in scheduled.values()):
+            self.decode_steps.append((len(scheduled), result.graph_size))
         assert not result.error and not result.failed_req_ids, (result.error, result.failed_errors)
         for r in self.running:
             r.computed += scheduled.get(r.req_id, 0)

@@ -1,5 +1,6 @@
-"""The start-up warm-up (executor_svc/startup/warmup.py) on CPU: its classes, that its plans cover
-each eager shape and sampling path, and that a real runner runs every plan (no failed row)."""
+"""The start-up warm-up (executor_svc/startup/warmup.py, warmup_plans.py) on CPU: its classes,
+that its plans cover each eager shape and sampling path, and that a real runner runs every plan
+(no failed row)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import logging
 
 import pytest
 
-from executor_svc.startup import warmup
-from executor_svc.startup.warmup import (
+from executor_svc.startup import warmup, warmup_plans
+from executor_svc.startup.warmup_plans import (
     WarmupPlans,
     WarmupShapes,
     representatives,
@@ -88,10 +89,10 @@ def test_decode_steps_only_past_the_graphs_one_per_variant():
 
 
 def test_sampling_paths_after_a_mixed_graph_a_decode_graph_and_an_eager_forward():
-    classes = warmup.sampling_classes(shapes())
+    classes = warmup_plans.sampling_classes(shapes())
     assert set(classes) == {"plain", "top-k/top-p", "processors", "logprobs", "grammar", "grammar, top-k",
                             "grammar, processors"}
-    assert "grammar" not in warmup.sampling_classes(shapes(grammar=""))
+    assert "grammar" not in warmup_plans.sampling_classes(shapes(grammar=""))
     for sc in WarmupPlans(shapes()).sampling_scenarios():
         (t1, b1, _), (t2, b2, _), (t3, b3, _) = steps([sc])
         assert not runs_eager(t1, b1, DECODE, MIXED) and t2 == b2 and runs_eager(t3, b3, DECODE, MIXED)
@@ -128,8 +129,10 @@ def test_with_a_draft_model_verify_rows_carry_counts(model_dirs, caplog):
                          speculative_model=str(path), num_speculative_tokens=2)
     shapes_ = warmup.shapes_of(runner)
     assert shapes_.draft_model
-    verify = WarmupPlans(shapes_).verify_scenario()[-1]
-    assert verify.num_draft_tokens == [2, 1] and verify.draft_token_ids == []
+    verify = [sc[-1] for sc in WarmupPlans(shapes_).verify_scenarios()]
+    assert [v.num_draft_tokens for v in verify[:2]] == [[2, 1], [1, 1]]  # an odd and an even count
+    assert all(v.draft_token_ids == [] for v in verify)  # counts only: the draft model proposes
+    assert [len(v.num_draft_tokens) for v in verify[2:]] == representatives(1, 8, request_class)
     with caplog.at_level(logging.INFO, logger="executor_svc.startup.warmup"):
         warmup.warm_up(runner, on_cpu=True)
     assert "rows failed" not in caplog.text and "warm-up:" in caplog.text

@@ -29,7 +29,7 @@ def test_the_mix_runs_on_cpu(model_dirs):
     sched = MixScheduler(runner, requests, arrivals=4)
     results = sched.run()
     assert all(len(r.out) == r.max_out for r in requests)
-    assert len(sched.decode_batches) >= 5
+    assert len({b for b, _ in sched.decode_steps}) >= 5  # decode batches of many sizes
     assert any(r.prompt_logprobs for r in results) and any(r.logprobs for r in results)
     assert max(len(r.prompt) for r in requests) > 128  # chunked over steps
 
@@ -38,7 +38,7 @@ def test_the_mix_runs_on_cpu(model_dirs):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("graphs", [
     dict(),  # the executor's defaults for 64 rows and 2048 tokens: eager past 1024 tokens
-    dict(cuda_graph_sizes=(1, 2, 4, 8), mixed_cuda_graph_sizes=(32, 64)),  # eager decodes past 8 rows
+    dict(cuda_graph_sizes=(1, 2, 4, 8), mixed_cuda_graph_sizes=(32,)),  # eager decodes past 32 rows
     dict(enforce_eager=True),  # every step eager
 ], ids=["default-graphs", "few-graphs", "eager"])
 def test_a_w3_like_mix_compiles_nothing_after_start(tmp_path, graphs):
@@ -50,12 +50,14 @@ def test_a_w3_like_mix_compiles_nothing_after_start(tmp_path, graphs):
     counter = jit_counter()
     assert counter is not None and counter.serving  # the warm-up ran and is over
     start = counter.compiled
-    requests = make_requests(160, runner.info().vocab_size, max_len=1500, grammar=grammar())
-    sched = MixScheduler(runner, requests, arrivals=12)
+    requests = make_requests(160, runner.info().vocab_size, max_len=1500, max_out=64, grammar=grammar())
+    sched = MixScheduler(runner, requests, arrivals=40)
     results = sched.run()
-    eager = sum(r.graph_size == 0 for r in results)
-    assert eager and (eager == len(results)) == bool(graphs.get("enforce_eager"))
-    assert len(sched.decode_batches) >= 10 and len(results) > 50
     compiled = counter.compiled - start
     assert compiled == 0, f"{compiled} Triton variants compiled while serving: {counter.names[-compiled:]}"
+    eager = sum(r.graph_size == 0 for r in results)  # the mix reached what it is meant to
+    assert eager and (eager == len(results)) == bool(graphs.get("enforce_eager"))
+    assert len({b for b, _ in sched.decode_steps}) >= 10 and len(results) > 50
+    if graphs:  # decode batches past the decode and mixed graphs ran eagerly
+        assert len({b for b, g in sched.decode_steps if g == 0}) >= 3, sched.decode_steps
 
