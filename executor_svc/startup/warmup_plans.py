@@ -134,9 +134,11 @@ class WarmupPlans:
                 for t, b in pairs]
 
     def decode_scenarios(self) -> list[list[StepPlan]]:
-        """An eager decode step per batch-size class (1-token prompts, then one decode step)."""
+        """An eager decode step per batch-size class (1-token prompts, then one decode step). A
+        draft model's one-token catch-ups have its decode graphs only (no mixed ones)."""
         s = self.shapes
-        sizes = [b for b in range(1, s.max_num_seqs + 1) if runs_eager(b, b, s.decode_sizes, s.mixed_sizes)]
+        mixed = () if s.draft_model else s.mixed_sizes
+        sizes = [b for b in range(1, s.max_num_seqs + 1) if runs_eager(b, b, s.decode_sizes, mixed)]
         if not sizes:
             return []
         key = s.decode_key or (lambda b: None)

@@ -81,6 +81,8 @@ def test_decode_steps_only_past_the_graphs_one_per_variant():
     small = shapes(decode_sizes=(1, 2, 4), mixed_sizes=(32,))
     sizes = [steps([sc])[0][1] for sc in WarmupPlans(small).decode_scenarios()]
     assert sizes == representatives(33, 64, request_class)
+    drafted = shapes(decode_sizes=(1, 2, 4), mixed_sizes=(32,), draft_model=True)  # its catch-ups
+    assert [steps([sc])[0][1] for sc in WarmupPlans(drafted).decode_scenarios()][0] == 5
     keyed = shapes(decode_sizes=(), mixed_sizes=(), decode_key=lambda b: b >= 40)
     sizes = [steps([sc])[0][1] for sc in WarmupPlans(keyed).decode_scenarios()]
     assert 40 in sizes and sizes[0] == 1 and sizes[-1] == 64
