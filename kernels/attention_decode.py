@@ -186,6 +186,18 @@ def decode_launch_config(num_seqs: int, num_kv_heads: int, max_context: int, num
     return DecodeConfig(64, splits, 4 if head_dim <= 64 else 8, 3)
 
 
+def decode_variant(num_seqs: int, num_kv_heads: int, max_context: int, head_dim: int, fp8: bool,
+                   device: torch.device) -> tuple:
+    """What selects the compiled variants of a decode launch of num_seqs rows (the executor's
+    warm-up meets each once): the launch config's tile, warps and stages, one split or more
+    (DIRECT), and num_splits as Triton specializes the integer (1, a multiple of 16) and the
+    reduce kernel pads it (SPLITS_PAD)."""
+    cfg = decode_launch_config(num_seqs, num_kv_heads, max_context, _num_sms(device), head_dim, fp8)
+    splits = cfg.num_splits
+    return (cfg.block_n, cfg.num_warps, cfg.num_stages, splits == 1, splits % 16 == 0,
+            triton.next_power_of_2(splits))
+
+
 def paged_decode_attention_triton(
     q: torch.Tensor,  # [num_seqs, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]

@@ -74,6 +74,7 @@ def build_parallel_runner(config: ExecutorConfig):
     (runner.close() stops them). The model folder is resolved once here (a GGUF file converted once)."""
     from executor_svc.model_loader import source as model_source
     from executor_svc.startup.build import build_runner
+    from executor_svc.startup.warmup import warm_up
 
     source = model_source.resolve(config.model, model_source.cache_dir(config.cache_dir), getattr(torch, config.dtype))
     config = dataclasses.replace(config, model=str(source.folder), model_name=config.model_name or source.name)
@@ -83,6 +84,7 @@ def build_parallel_runner(config: ExecutorConfig):
     try:
         tp = init_group(0, config.tensor_parallel_size, port, config.device)
         runner = build_runner(config, tp, workers)
+        warm_up(runner)  # every rank runs its plans: they serve them now (parallel/ranks.py)
     except BaseException:
         workers.stop(0)
         raise

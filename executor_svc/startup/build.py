@@ -3,12 +3,14 @@
 Resolve the model folder, refuse what is not implemented (model_checks: one-line ModelError),
 load the weights, create the request rows and step buffers, measure the activation peak of
 the largest step (CUDA), size and allocate the KV cache from what is left, capture the decode
-graphs, and hand all of it to a ModelRunner (which only runs steps).
+graphs, hand all of it to a ModelRunner (which only runs steps) and warm it up (warmup.py: every
+kernel variant a request can reach is compiled before the first request).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from executor_svc.sample.rows import SamplingRows
 from executor_svc.sample.sampler import Sampler
 from executor_svc.spec_decode import draft_model
 from executor_svc.spec_decode.draft import DraftProposer
-from executor_svc.startup import kv_cache
+from executor_svc.startup import kv_cache, warmup
 from executor_svc.worker.cuda_graphs import GraphRunner
 from executor_svc.worker.input_batch import InputBatch
 from executor_svc.worker.model_runner import ModelRunner
@@ -48,6 +50,8 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE, workers=No
     runner's ranks are TensorParallelRanks (parallel/ranks.py; workers: rank 0's other ranks,
     parallel/launch.py)."""
     device, dtype = torch.device(config.device), getattr(torch, config.dtype)
+    if device.type == "cuda":
+        prepare_triton(config.cache_dir)
     source = model_source.resolve(config.model, model_source.cache_dir(config.cache_dir), dtype)
     model_path = source.folder
     t0 = time.perf_counter()
@@ -109,7 +113,20 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE, workers=No
         from executor_svc.parallel.ranks import TensorParallelRanks
 
         ranks = TensorParallelRanks(tp, workers)
-    return ModelRunner(model, kv_caches, batch, buffers, sampler, limits, info, graphs, drafter, ranks)
+    runner = ModelRunner(model, kv_caches, batch, buffers, sampler, limits, info, graphs, drafter, ranks)
+    if tp.size == 1:  # with more ranks, rank 0 warms them all up once they serve (parallel/launch.py)
+        warmup.warm_up(runner)
+    return runner
+
+
+def prepare_triton(cache_dir: str) -> None:
+    """Before the first Triton compile: its kernel cache under --cache-dir when one is given
+    (else Triton's own, ~/.triton/cache or TRITON_CACHE_DIR), and the compile counter."""
+    from kernels.jit_cache import jit_counter, set_cache_dir
+
+    if cache_dir:
+        log.info("Triton kernel cache: %s", set_cache_dir(os.path.join(cache_dir, "triton")))
+    jit_counter()
 
 
 def measure_num_blocks(config: ExecutorConfig, model: LlamaForCausalLM, limits: StepLimits,
