@@ -13,8 +13,9 @@ import grpc
 
 from executor_svc.service.pipeline import StepPipeline
 from executor_svc.service.stream_slot import StreamSlot
-from executor_svc.worker.model_runner import ModelRunner, StepHandle
+from executor_svc.worker.model_runner import ModelRunner
 from executor_svc.worker.plan_checks import PlanError
+from executor_svc.worker.step_handle import StepHandle
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
 from step_protocol import codec

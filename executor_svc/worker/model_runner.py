@@ -9,60 +9,28 @@ or tensor parallelism's TensorParallelRanks, called at fixed points of a step)."
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 
 from executor_svc.models.attention import AttentionMetadata
 from executor_svc.models.kv_cache import KVCache
 from executor_svc.models.llama import LlamaForCausalLM
-from executor_svc.sample.inputs import SampleStep
-from executor_svc.sample.logprobs import PendingPromptLogprobs, PromptLogprobRows, prompt_logprobs
-from executor_svc.sample.sampler import Sampled, Sampler
+from executor_svc.sample.logprobs import prompt_logprobs
+from executor_svc.sample.sampler import Sampler
 from executor_svc.spec_decode.draft import DraftProposer
-from executor_svc.spec_decode.verify import Verifier, VerifyOutcome, VerifyRows
+from executor_svc.spec_decode.verify import Verifier
 from executor_svc.worker.cuda_graphs import GraphRunner, GraphShape
 from executor_svc.worker.deferred_sampling import DeferredSampling
 from executor_svc.worker.input_batch import InputBatch
 from executor_svc.worker.plan_apply import Admitted, admit
 from executor_svc.worker.ranks import OneDevice
+from executor_svc.worker.steady import SteadyDecode
 from executor_svc.worker.step_buffers import StepBuffers
+from executor_svc.worker.step_handle import Prepared, StepHandle
 from executor_svc.worker.step_inputs import PreparedStep, StepLimits, prepare_step
 from executor_svc.worker.step_timer import StepTimer
 from step_protocol.domain import ExecutorInfo, StepPlan, StepResult
-
-
-@dataclass
-class StepHandle:
-    """A launched step: what finish() needs to turn it into its StepResult."""
-
-    out: StepResult  # step_id, prepare_us, graph_size set by launch(); the rest by finish()
-    req_ids: list[int] = field(default_factory=list)  # requests that sample, in plan order
-    timer: StepTimer | None = None  # CUDA: its last event marks the step's completion
-    prev_end: torch.cuda.Event | None = None  # the previous step's completion (device idle)
-    sampled: Sampled | None = None  # None: nothing sampled here (or another rank decides)
-    prompt_logprobs: PendingPromptLogprobs | None = None
-    verify: tuple[VerifyRows, VerifyOutcome] | None = None  # speculative decoding's verify rows
-    deferred: tuple[torch.Tensor, SampleStep, int] | None = None  # a constrained step's sampling, not enqueued yet
-    flushed: threading.Event | None = None  # a deferred step's: set once its sampling is enqueued
-    finished: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    @property
-    def step_id(self) -> int:
-        return self.out.step_id
-
-
-class Prepared(NamedTuple):
-    """A step's inputs, written on the host (ModelRunner._prepare)."""
-
-    step: PreparedStep
-    sampling: SampleStep
-    prompt_rows: PromptLogprobRows | None
-    spec: VerifyRows | None
 
 
 class ModelRunner:
@@ -87,6 +55,7 @@ class ModelRunner:
         self._last_timer: StepTimer | None = None  # of the last launched step (its last mark: its completion)
         self._stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None  # every step's
         self._deferred = DeferredSampling(sampler, self._take_failures)  # constrained steps'
+        self._steady = SteadyDecode(enabled=self.ranks.alone)  # the last step's rows again (steady.py)
 
     def info(self) -> ExecutorInfo:
         """The handshake answer: what start-up loaded, allocated and captured."""
@@ -109,6 +78,7 @@ class ModelRunner:
             self._handles = [None, None]
             self._last_timer = None
             self._deferred.clear()
+            self._steady.forget()
             self.verifier.rollbacks.clear()
             self.batch.clear()
             self.sampler.reset()
@@ -202,11 +172,13 @@ class ModelRunner:
                 timer.mark()  # after the copies to the host: the step's completion event
         except BaseException:
             self._deferred.clear()  # a step that failed in its launch is never sampled later
+            self._steady.forget()
             if self._stream is not None:  # copies out of this host set may still be pending
                 self._stream.synchronize()
             raise
-        by_row = self.batch.states
-        handle.req_ids = [by_row[r].req_id for r in step.sample_rows.tolist()]
+        by_row = self.batch.states  # (a steady step's rows sample in plan order: its ids)
+        handle.req_ids = (list(plan.cached_requests.req_ids) if admitted.steady is not None
+                          else [by_row[r].req_id for r in step.sample_rows.tolist()])
         self._handles[parity] = handle
         self._last_timer = timer
         return handle
@@ -249,7 +221,8 @@ class ModelRunner:
         """Gives back rejected drafts' slots, then checks and applies the plan (plan_apply.py:
         PlanError and nothing changed, or the rows that fail alone dropped)."""
         self.batch.give_back(give_back)
-        return admit(plan, self.batch, self.sampler, self._info)
+        steady = None if give_back else self._steady.admit(plan, self.batch, self._info)
+        return steady or admit(plan, self.batch, self.sampler, self._info)
 
     def _prepare(self, admitted: Admitted, parity: int) -> Prepared:
         """Writes the step's inputs into host set `parity`: the rows' chunks (step_inputs.py,
@@ -257,7 +230,11 @@ class ModelRunner:
         positions with logprobs and the verify rows' drafts."""
         scheduled = admitted.scheduled
         self.buffers.use_host(parity)
-        step = prepare_step(self.batch, self.buffers, scheduled, self.limits)
+        if admitted.steady is not None:  # the last step's rows again: only what moves
+            step = self._steady.prepare(self.batch, self.buffers, admitted, self.limits)
+        else:
+            step = prepare_step(self.batch, self.buffers, scheduled, self.limits)
+            self._steady.remember(admitted.plan, step, scheduled)
         sampling = self.sampler.prepare(step.sample_rows, step.sample_positions, parity)
         prompt_rows = self.sampler.prompt_logprob_rows(
             self.batch.states, scheduled.rows, step.chunk_start, step.chunk_start + scheduled.counts,

@@ -31,6 +31,8 @@ class Admitted:
     scheduled: Scheduled  # rows in plan order: new requests, then cached ones
     plan: StepPlan  # the plan that runs: the one sent, less its failed rows
     failed: list[tuple[int, str]]  # (req_id, why) of each failed row, in the order found
+    # SteadyDecode's (steady.py: the last step's rows again): each row's new blocks; None otherwise
+    steady: np.ndarray | None = None
 
 
 def admit(plan: StepPlan, batch: InputBatch, sampler: Sampler, info: ExecutorInfo) -> Admitted:

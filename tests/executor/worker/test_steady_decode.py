@@ -1,0 +1,127 @@
+"""The steady decode step (worker/steady.py): a plan that repeats the last step's rows, one
+token each, writes only what moves; its tokens and every step buffer it hands the device equal
+the general path's, step for step, and anything else (or a check that fails) takes the
+general path, which refuses or fails rows as before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from step_protocol.domain import CachedRequestData, NewRequestData, SamplerParams, StepPlan
+from tests.executor.conftest import make_runner
+
+BUFFERS = ("input_ids", "use_last", "src_rows", "positions", "slot_mapping", "seq_lens", "query_start_loc",
+           "logits_indices", "block_tables")
+
+
+@pytest.fixture(scope="module")
+def runners(model_dirs):
+    """(steady on, steady off) over the same tiny model."""
+    on, off = (make_runner(model_dirs["tiny-llama"], block_size=4) for _ in range(2))
+    off._steady.enabled = False
+    return on, off
+
+
+class Scheduler:
+    """Hands out a block when a request's next token needs one; records which path each step took."""
+
+    def __init__(self, runners):
+        self.runners, self.step_id, self.next_block = runners, 0, 1
+        self.lens: dict[int, int] = {}  # req_id -> tokens computed after this step
+        self.blocks: dict[int, int] = {}
+        self.steady: list[bool] = []
+
+    def new(self, req_id: int, prompt: list[int], params: SamplerParams) -> NewRequestData:
+        n = -(-(len(prompt) + 1) // 4)
+        ids = list(range(self.next_block, self.next_block + n))
+        self.next_block += n
+        self.lens[req_id], self.blocks[req_id] = len(prompt), n
+        return NewRequestData(req_id, prompt, params, ids, 0, len(prompt))
+
+    def decode(self, req_ids: list[int], bad_block_for: int | None = None,
+               no_block_for: int | None = None) -> CachedRequestData:
+        """One token a row; a block to the rows that need one (id 10,000 for bad_block_for,
+        none for no_block_for)."""
+        data = CachedRequestData()
+        for r in req_ids:
+            new = []
+            if self.lens[r] + 1 > self.blocks[r] * 4 and r != no_block_for:
+                new = [10_000 if r == bad_block_for else self.next_block]
+                self.next_block += 1
+                self.blocks[r] += 1
+            self.lens[r] += 1
+            data.append(r, 1, new)
+        return data
+
+    def step(self, new=(), cached=None, finished=()) -> list:
+        """Launches the plan on both runners (steady on / off); returns both results, checking
+        that the device inputs of the two launches were equal."""
+        self.step_id += 1
+        outs = []
+        for runner in self.runners:
+            plan = StepPlan(self.step_id, list(new), cached or CachedRequestData(), list(finished), [])
+            took = []
+            apply = runner._apply
+            runner._apply = lambda p, g, _a=apply: took.append(_a(p, g)) or took[-1]
+            try:
+                handle = runner.launch(plan)
+            finally:
+                del runner._apply
+            outs.append(runner.finish(handle))
+            if took:
+                outs[-1].steady = took[-1].steady is not None
+        on, off = self.runners
+        if outs[0].req_ids:  # the buffers each handed the device (CPU: the host arrays)
+            b, t = len(outs[0].req_ids), len(outs[0].req_ids)
+            for name in BUFFERS:
+                rows = b + 1 if name == "query_start_loc" else (b if name in ("seq_lens", "logits_indices", "block_tables") else t)
+                np.testing.assert_array_equal(getattr(on.buffers, name).np[:rows], getattr(off.buffers, name).np[:rows],
+                                              err_msg=f"step {self.step_id}: {name}")
+        self.steady.append(getattr(outs[0], "steady", False))
+        assert not getattr(outs[1], "steady", False)
+        return outs
+
+
+def test_steady_steps_equal_the_general_path_token_for_token(runners):
+    for runner in runners:
+        runner.reset()
+    s = Scheduler(runners)
+    greedy, seeded = SamplerParams(), SamplerParams(temperature=1.0, top_k=20, seed=11)
+    s.step(new=[s.new(1, list(range(3, 14)), greedy), s.new(2, [5, 9, 77, 12], seeded),
+                s.new(3, list(range(40, 47)), greedy)])
+    ids = [1, 2, 3]
+    tokens = {r: [] for r in ids}
+    for i in range(14):  # every row crosses into new blocks on the way (block size 4)
+        on, off = s.step(cached=s.decode(ids))
+        assert on.req_ids == off.req_ids == ids and on.token_ids == off.token_ids
+        for r, t in zip(on.req_ids, on.token_ids):
+            tokens[r].append(t)
+    # the first decode step follows a prefill: general; every later one repeats it
+    assert s.steady == [False, False] + [True] * 13
+    s.step(cached=s.decode([1, 3]), finished=[2])  # a row finished: general
+    on, off = s.step(cached=s.decode([1, 3]))  # the new rows again: steady
+    assert s.steady[-2:] == [False, True] and on.token_ids == off.token_ids
+    s.step(cached=s.decode([3, 1]))  # another order: general
+    s.step(new=[s.new(4, [8, 8, 8], greedy)], cached=s.decode([3, 1]))  # a new request: general
+    on, off = s.step(cached=s.decode([3, 1, 4]))
+    on, off = s.step(cached=s.decode([3, 1, 4]))
+    assert s.steady[-4:] == [False, False, False, True] and on.token_ids == off.token_ids
+    assert len(set(tokens[2])) > 1  # the seeded row really sampled
+
+
+@pytest.mark.parametrize("fault", ["bad_block", "no_block"])
+def test_a_repeat_that_fails_its_checks_takes_the_general_path(runners, fault):
+    """A bad new block id, or a row whose token needs a block the plan does not give: the
+    steady path refuses nothing itself; the general path fails that row alone, as before."""
+    for runner in runners:
+        runner.reset()
+    s = Scheduler(runners)
+    s.step(new=[s.new(1, [3, 4, 5, 6, 7, 8, 9], SamplerParams()), s.new(2, [9, 10, 11], SamplerParams())])
+    s.step(cached=s.decode([1, 2]))
+    while s.lens[2] + 1 <= s.blocks[2] * 4:  # steady until request 2 needs a block
+        s.step(cached=s.decode([1, 2]))
+    kw = {"bad_block_for": 2} if fault == "bad_block" else {"no_block_for": 2}
+    on, off = s.step(cached=s.decode([1, 2], **kw))
+    assert s.steady[-1] is False and on.failed_req_ids == off.failed_req_ids == [2]
+    assert on.req_ids == off.req_ids == [1] and on.token_ids == off.token_ids
