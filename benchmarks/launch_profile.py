@@ -1,6 +1,10 @@
 """Where the executor's host time goes when it launches a decode step (issue 12).
 
-    python -m benchmarks.launch_profile [--json OUT]
+    python -m benchmarks.launch_profile [--json OUT] [--device cpu]
+
+With --device cpu (any machine): a tiny random model, short contexts; the forward is the eager
+CPU reference, so only the host phases (plan checks + rows, inputs, copies) say anything, and
+they are what A-B comparisons of the host path read.
 
 Builds the llama-1b runner (random bf16, CUDA graphs), admits `batch` requests, then launches
 decode steps the way the pipelined executor does (step N+1 launched before step N is
@@ -90,17 +94,33 @@ def replay_cost(runner, batch: int, reps: int = 200) -> float:
     return statistics.median(times[10:])
 
 
+def _cpu_runner():
+    """A tiny random llama on the CPU, rows enough for 256 requests of short contexts."""
+    import tempfile
+
+    from executor_svc.config import ExecutorConfig
+    from executor_svc.model_loader.random_model import build_random_model
+    from executor_svc.startup.build import build_runner
+
+    folder = build_random_model(tempfile.mkdtemp(), "tiny-llama", vocab_size=2048, max_position_embeddings=4096)
+    return build_runner(ExecutorConfig.from_args(["--model", str(folder), "--device", "cpu", "--insecure-no-auth",
+                                                  "--max-num-seqs", "512", "--num-kv-blocks", "40000"]))
+
+
 def main() -> None:
     from benchmarks.harness import runner_for
 
     p = argparse.ArgumentParser()
     p.add_argument("--json", help="write the rows here")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = p.parse_args()
-    runner, _ = runner_for("llama-1b")
+    cuda = args.device == "cuda"
+    runner = runner_for("llama-1b")[0] if cuda else _cpu_runner()
     rows = {}
     for batch in (1, 64, 256):
-        row = profile_launch(runner, batch)
-        row["bare_replay"] = replay_cost(runner, batch)
+        row = profile_launch(runner, batch, context=512 if cuda else 32)
+        if cuda:
+            row["bare_replay"] = replay_cost(runner, batch)
         rows[batch] = row
         print(f"b={batch:4d} " + " ".join(f"{k.strip('_')} {v:.0f}" for k, v in row.items()), flush=True)
     import cProfile
@@ -108,7 +128,7 @@ def main() -> None:
 
     prof = cProfile.Profile()
     prof.enable()
-    profile_launch(runner, 1, steps=50)
+    profile_launch(runner, 1, steps=50, context=512 if cuda else 32)
     prof.disable()
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     if args.json:
