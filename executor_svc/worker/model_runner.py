@@ -234,7 +234,7 @@ class ModelRunner:
             step = self._steady.prepare(self.batch, self.buffers, admitted, self.limits)
         else:
             step = prepare_step(self.batch, self.buffers, scheduled, self.limits)
-            self._steady.remember(admitted.plan, step, scheduled)
+            self._steady.remember(admitted.plan, step, scheduled, self.batch)
         sampling = self.sampler.prepare(step.sample_rows, step.sample_positions, parity)
         prompt_rows = self.sampler.prompt_logprob_rows(
             self.batch.states, scheduled.rows, step.chunk_start, step.chunk_start + scheduled.counts,

@@ -37,13 +37,15 @@ class SteadyDecode:
         a failed launch): the next plan takes the general path."""
         self._req_ids = None
 
-    def remember(self, plan: StepPlan, step: PreparedStep, scheduled: Scheduled) -> None:
+    def remember(self, plan: StepPlan, step: PreparedStep, scheduled: Scheduled, batch: InputBatch) -> None:
         """After the general path prepared the step of `plan` (the plan that runs): keeps it if
-        it was a pure decode step of running requests (every row one token, every row samples,
-        no drafts), else forgets."""
+        it was a pure decode step of running requests (every row one token, fed from its last
+        sample, and every row samples; no drafts), else forgets. A row whose one token was a
+        known one (a prefill's last chunk) is not: its input id is in the buffers."""
         req_ids = plan.cached_requests.req_ids
         pure = (not plan.new_requests and scheduled.drafts is None and len(req_ids) == step.num_reqs
-                and step.num_tokens == step.num_reqs == step.num_sample)
+                and step.num_tokens == step.num_reqs == step.num_sample
+                and bool((step.chunk_start >= batch.num_known[scheduled.rows]).all()))
         if not (self.enabled and pure):
             self.forget()
             return

@@ -125,3 +125,22 @@ def test_a_repeat_that_fails_its_checks_takes_the_general_path(runners, fault):
     on, off = s.step(cached=s.decode([1, 2], **kw))
     assert s.steady[-1] is False and on.failed_req_ids == off.failed_req_ids == [2]
     assert on.req_ids == off.req_ids == [1] and on.token_ids == off.token_ids
+
+
+def test_a_last_one_token_prefill_chunk_is_not_repeated_as_a_decode_step(runners):
+    """A step of one token a row where a row's token is its prompt's last (a chunked prefill's
+    last chunk) samples every row but feeds that row a known token: the next step must not
+    take its inputs for a decode step's."""
+    for runner in runners:
+        runner.reset()
+    s = Scheduler(runners)
+    s.step(new=[s.new(1, [3, 4, 5, 6, 7], SamplerParams())])
+    prompt = [9, 10, 11, 12, 13]
+    first = s.new(2, prompt, SamplerParams())
+    first.num_scheduled_tokens, s.lens[2] = 4, 4  # its first chunk: 4 of 5 prompt tokens, no sample
+    s.step(new=[first], cached=s.decode([1]))
+    s.step(cached=s.decode([1, 2]))  # one token each: 1 decodes, 2 computes its last prompt token
+    for _ in range(3):
+        on, off = s.step(cached=s.decode([1, 2]))
+        assert on.token_ids == off.token_ids
+    assert s.steady[-4:] == [False, False, True, True]
