@@ -221,7 +221,7 @@ class ModelRunner:
         """Gives back rejected drafts' slots, then checks and applies the plan (plan_apply.py:
         PlanError and nothing changed, or the rows that fail alone dropped)."""
         self.batch.give_back(give_back)
-        steady = None if give_back else self._steady.admit(plan, self.batch, self._info)
+        steady = None if give_back else self._steady.admit(plan, self.batch, self.sampler, self._info)
         return steady or admit(plan, self.batch, self.sampler, self._info)
 
     def _prepare(self, admitted: Admitted, parity: int) -> Prepared:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from executor_svc.sample.sampler import Sampler
 from executor_svc.worker.input_batch import InputBatch
 from executor_svc.worker.plan_apply import Admitted
 from executor_svc.worker.step_buffers import StepBuffers
@@ -29,6 +30,7 @@ class SteadyDecode:
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self._req_ids: list[int] | None = None  # of the last pure decode step, in plan order
+        self._id_set: frozenset[int] = frozenset()
         self._rows: np.ndarray | None = None
         self._arange: np.ndarray | None = None
 
@@ -50,14 +52,20 @@ class SteadyDecode:
             self.forget()
             return
         self._req_ids, self._rows = list(req_ids), scheduled.rows.copy()
+        self._id_set = frozenset(req_ids)
         self._arange = np.arange(len(req_ids), dtype=np.int64)
 
-    def admit(self, plan: StepPlan, batch: InputBatch, info: ExecutorInfo) -> Admitted | None:
+    def admit(self, plan: StepPlan, batch: InputBatch, sampler: Sampler, info: ExecutorInfo) -> Admitted | None:
         """The plan applied to the rows when it repeats the last pure decode step and passes
-        the checks of what can differ; None (nothing changed) otherwise."""
+        the checks of what can differ; None (nothing changed) otherwise. It may finish requests
+        that are not among those rows (one whose last token was in flight sat out the last
+        step; the step after says it finished): they are forgotten as plan_apply.admit does."""
         c = plan.cached_requests
-        if (self._req_ids is None or plan.new_requests or plan.finished_req_ids or plan.preempted_req_ids
-                or plan.num_draft_tokens or c.req_ids != self._req_ids):
+        if (self._req_ids is None or plan.new_requests or plan.preempted_req_ids or plan.num_draft_tokens
+                or c.req_ids != self._req_ids):
+            return None
+        finished = plan.finished_req_ids
+        if finished and not self._id_set.isdisjoint(finished):
             return None
         n = np.asarray(c.num_scheduled_tokens, dtype=np.int64)
         num_new_blocks = np.asarray(c.num_new_blocks, dtype=np.int64)
@@ -75,6 +83,10 @@ class SteadyDecode:
                | (start < batch.num_known[rows]))  # a lone decode token after the known ones
         if bad.any():
             return None
+        for req_id in finished:  # (ids it does not hold are ignored, as the general path does)
+            if (state := batch.requests.get(req_id)) is not None:
+                sampler.remove(state.row)
+            batch.remove(req_id)
         if len(new_ids):  # one in block_size steps a row crosses into a new block
             ends = np.cumsum(num_new_blocks)
             for i in np.flatnonzero(num_new_blocks).tolist():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from executor_svc.worker.plan_checks import PlanError
 from step_protocol.domain import CachedRequestData, NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import make_runner
 
@@ -99,14 +100,19 @@ def test_steady_steps_equal_the_general_path_token_for_token(runners):
             tokens[r].append(t)
     # the first decode step follows a prefill: general; every later one repeats it
     assert s.steady == [False, False] + [True] * 13
-    s.step(cached=s.decode([1, 3]), finished=[2])  # a row finished: general
-    on, off = s.step(cached=s.decode([1, 3]))  # the new rows again: steady
+    s.step(cached=s.decode([1, 3]))  # request 2 sits out (its last token in flight): general
+    on, off = s.step(cached=s.decode([1, 3]), finished=[2])  # it finishes; the rows repeat: steady
     assert s.steady[-2:] == [False, True] and on.token_ids == off.token_ids
+    assert all(2 not in r.batch.requests for r in runners)
+    for runner in runners:  # a repeated row also finished: the general path refuses the plan
+        with pytest.raises(PlanError, match="also finished"):
+            runner.launch(StepPlan(s.step_id + 1, [], CachedRequestData.decode_rows([1, 3]), [1], []))
     s.step(cached=s.decode([3, 1]))  # another order: general
     s.step(new=[s.new(4, [8, 8, 8], greedy)], cached=s.decode([3, 1]))  # a new request: general
     on, off = s.step(cached=s.decode([3, 1, 4]))
     on, off = s.step(cached=s.decode([3, 1, 4]))
     assert s.steady[-4:] == [False, False, False, True] and on.token_ids == off.token_ids
+    assert on.req_ids == [3, 1, 4]
     assert len(set(tokens[2])) > 1  # the seeded row really sampled
 
 
