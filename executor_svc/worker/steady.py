@@ -62,8 +62,8 @@ class SteadyDecode:
         step; the step after says it finished): they are forgotten as plan_apply.admit does."""
         c = plan.cached_requests
         if (self._req_ids is None or plan.new_requests or plan.preempted_req_ids or plan.num_draft_tokens
-                or c.req_ids != self._req_ids):
-            return None
+                or plan.draft_token_ids or plan.draft_chained or c.req_ids != self._req_ids):
+            return None  # (stray draft columns too: the general path refuses them)
         finished = plan.finished_req_ids
         if finished and not self._id_set.isdisjoint(finished):
             return None

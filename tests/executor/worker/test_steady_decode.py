@@ -104,9 +104,11 @@ def test_steady_steps_equal_the_general_path_token_for_token(runners):
     on, off = s.step(cached=s.decode([1, 3]), finished=[2])  # it finishes; the rows repeat: steady
     assert s.steady[-2:] == [False, True] and on.token_ids == off.token_ids
     assert all(2 not in r.batch.requests for r in runners)
-    for runner in runners:  # a repeated row also finished: the general path refuses the plan
+    for runner in runners:  # a repeated row also finished, stray draft ids: the general path refuses
         with pytest.raises(PlanError, match="also finished"):
             runner.launch(StepPlan(s.step_id + 1, [], CachedRequestData.decode_rows([1, 3]), [1], []))
+        with pytest.raises(PlanError, match="draft"):
+            runner.launch(StepPlan(s.step_id + 1, [], CachedRequestData.decode_rows([1, 3]), draft_token_ids=[5]))
     s.step(cached=s.decode([3, 1]))  # another order: general
     s.step(new=[s.new(4, [8, 8, 8], greedy)], cached=s.decode([3, 1]))  # a new request: general
     on, off = s.step(cached=s.decode([3, 1, 4]))
