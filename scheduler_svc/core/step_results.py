@@ -73,7 +73,7 @@ class StepResults:
                 num_tokens -= spec.settle(request, token_id)  # rejected drafts, void rows: KV void
             status = request.status
             if status is not finished:  # (a failed step aborts its requests first)
-                # its KV is there: a block it filled is shared (kv.cache_written_blocks, counted inline)
+                # its KV is there: a block it filled is shared (counted here, indexed by kv.cache_full_blocks)
                 written = request.num_written_tokens = request.num_written_tokens + num_tokens
                 if caching and written >= (request.num_cached_blocks + 1) * block_size:
                     self.kv.cache_full_blocks(request)
