@@ -25,9 +25,18 @@ from benchmarks.harness import (
     runner_for_folder,
 )
 
-SECTIONS = ("w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w2so", "ab", "w6", "w8", "spec")
+SECTIONS = ("first", "w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w2so", "ab", "w6", "w8", "spec")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "ab")  # ab needs OLD_TREE
 OLD_TREE = Path(".old/base")  # a checkout of the commit to compare with (w2ab), if present
+
+def section_first(out: dict, log_dir: Path) -> None:
+    """The first minute after a start with a fresh --cache-dir against a warm run, and a restart
+    on that cache (benchmarks/first_run.py)."""
+    from benchmarks import first_run
+
+    out.update(first_run.run(model_path("llama-1b"), log_dir / "first"))
+    first_run.report(out)
+
 
 def section_w4(out: dict) -> None:
     """W4 decode steps, start-up figures, and W1/W2 with the executor in-process (no gRPC)."""
@@ -209,7 +218,7 @@ def run_section(name: str, out_dir: Path) -> None:
     # a SIGTERM (e.g. `timeout`) ends the section with what it measured so far written out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"section {name}: terminated"))
     try:
-        if name in ("full", "smol", "w7", "w6", "w8", "spec"):
+        if name in ("first", "full", "smol", "w7", "w6", "w8", "spec"):
             globals()[f"section_{name}"](out, out_dir)
         else:
             globals()[f"section_{name}"](out)
