@@ -28,7 +28,9 @@ def warm_up(runner, on_cpu: bool = False) -> None:
     before = counter.compiled if counter is not None else 0
     t0 = time.perf_counter()
     scenarios = WarmupPlans(shapes_of(runner)).scenarios()
-    for plans in scenarios:
+    slowest = (0.0, -1)
+    for k, plans in enumerate(scenarios):
+        t = time.perf_counter()
         try:
             for plan in plans:
                 out = runner.execute(plan)
@@ -36,7 +38,9 @@ def warm_up(runner, on_cpu: bool = False) -> None:
                     log.warning("warm-up step %d: rows failed: %s", plan.step_id, out.failed_errors)
         finally:
             runner.reset()
-    log.info("warm-up: %d steps in %.1f s", sum(len(p) for p in scenarios), time.perf_counter() - t0)
+        slowest = max(slowest, (time.perf_counter() - t, k))
+    log.info("warm-up: %d steps in %.1f s (the slowest, scenario %d of %d: %.1f s)", sum(len(p) for p in scenarios),
+             time.perf_counter() - t0, slowest[1], len(scenarios), slowest[0])
     if counter is not None:
         counter.serving = True
         log.info("Triton kernel variants compiled at start-up: %d (%d by the warm-up), %d of them found in "
