@@ -3,7 +3,7 @@
 What it owns, by persistent row: the requests' sampling parameters and logits processors'
 state (rows.py), their grammars (grammar.py: structured outputs), the rows' last sampled tokens
 on the device (the next decode inputs, read by
-the model's forward and the graphs; written here and, for verify rows, through store_last),
+the model's forward and the graphs; written here and, for verify rows, by the verify scan),
 and per step: its static inputs (inputs.py), its captured graphs (graphs.py, CUDA decode
 steps) and the pinned host buffers the sampled ids are copied into. The runner tells it which
 rows sample (prepare), hands it the logits (sample) and reads the ids after the step's event.
@@ -179,11 +179,6 @@ class Sampler:
             same = self.grammar.epoch[u.rows] == u.epochs
             tokens = [t for t, keep in zip(u.host.tolist(), same.tolist()) if keep]
             self.grammar.catch_up(u.rows[same], tokens)
-
-    def store_last(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Overwrites the last tokens of `rows` (device [S] each): a verify row's final token
-        (spec_decode/verify.py) replaces the bonus token the sampler stored."""
-        self.last_tokens.index_copy_(0, rows, tokens)
 
     def params_of(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
         """Host (temperature, top_k, top_p, seed) of `rows`."""

@@ -39,7 +39,7 @@ import torch
 import kernels
 from executor_svc.sample.ops import SamplingTensors, scale_and_cut
 from executor_svc.sample.sampler import Sampler
-from executor_svc.worker.host_device import to_device_packed
+from executor_svc.worker.host_device import Staged
 from executor_svc.worker.input_batch import InputBatch, RequestState
 from executor_svc.worker.step_buffers import StepBuffers
 from executor_svc.worker.step_inputs import Scheduled
@@ -87,10 +87,20 @@ class VerifyRows:
     token_index: torch.Tensor  # [D] int64: the step's token predicting each draft
     draft_ids: torch.Tensor | None  # [D] int64 the plan's drafts; None: the draft model proposes them
     params: SamplingTensors  # per draft: the row's parameters, the drafted token's position
-    pad_index: torch.Tensor  # [S, Dmax] int64 into the D drafts (0 where past a row's)
-    pad_valid: torch.Tensor  # [S, Dmax] bool
+    draft_start: torch.Tensor  # [S] int64: the row's first draft among the D
+    drafts_per_row: torch.Tensor  # [S] int64: num_drafts on the device
     rows: torch.Tensor  # [S] int64 persistent rows
     chained: torch.Tensor | None = None  # [S] bool: chained rows; None = none in this step
+    logits_row: int | None = None  # the drafts' logits are the step's logits rows logits_row.. (+D); None: from hidden states
+
+    @property
+    def max_drafts(self) -> int:
+        return int(self.num_drafts.max())
+
+    @property
+    def num_draft_logits(self) -> int:
+        """Logits rows the step computes for the drafts beside its sampled rows."""
+        return 0 if self.logits_row is None else int(self.num_drafts.sum())
 
 
 @dataclass(frozen=True)
@@ -107,16 +117,22 @@ class Verifier:
     """Verification across steps: the rows' chain flags (device) and the rejected drafts'
     slots still to give back (Rollbacks)."""
 
-    def __init__(self, max_num_seqs: int, device: torch.device):
+    def __init__(self, max_num_seqs: int, max_num_tokens: int, device: torch.device):
         # Per row: whether its last verify row (and every row of its chain) accepted every
         # draft; read by a chained verify row, written by every verify row.
         self.chain_ok = torch.zeros(max_num_seqs + 1, dtype=torch.bool, device=device)
         self.rollbacks = Rollbacks()
+        self.max_num_seqs = max_num_seqs
+        # a step's columns: 5 per draft and 1 per row of 8 bytes, 2 per draft of 4, 1 per row of 1
+        self._staged = Staged(max_num_tokens * 48 + max_num_seqs * 33 + 16 * 12, device)
+        self._row_index = np.zeros(max_num_seqs + 1, dtype=np.int64)  # scratch: a row's index among the sampled
 
     def prepare(self, batch: InputBatch, sampler: Sampler, buf: StepBuffers, sched: Scheduled,
-                draft_token_ids: list[int], sample_rows: np.ndarray) -> VerifyRows:
+                draft_token_ids: list[int], sample_rows: np.ndarray, parity: int) -> VerifyRows:
         """Writes the drafts of the verify rows (sched.drafts [B] > 0, plan order) into the host
-        input buffers (the row's first token is its last sample, the rest its drafts); call after
+        input buffers (the row's first token is its last sample, the rest its drafts), and, when
+        the step's logits rows can hold them (at most max_num_seqs in all: a mixed graph's
+        rows), the drafts' token indices after the sampled rows' in logits_indices; call after
         prepare_step, before the copy to the device. No draft_token_ids (a draft model proposes,
         draft.py): the drafts are written on the device later, and its draft ids come from there."""
         rows, counts, num_drafts = sched.rows, sched.counts, sched.drafts
@@ -138,28 +154,28 @@ class Verifier:
         use_last[offsets] = starts >= batch.num_known[vrows]
         if len(drafts):
             ids[token_index + 1] = drafts
+        num_sample = len(sample_rows)
+        logits_row = num_sample if num_sample + len(token_index) <= self.max_num_seqs else None
+        if logits_row is not None:
+            buf.logits_indices.np[num_sample:num_sample + len(token_index)] = token_index
         temperature, top_k, top_p, seeds = sampler.params_of(vrows[rep])
         positions = starts[rep] + within + 1
-        dmax = int(d.max())
-        pad = np.arange(dmax)[None, :]
-        valid = pad < d[:, None]
-        pad_index = np.where(valid, (ends - d)[:, None] + pad, 0)
-        position_of = {int(r): i for i, r in enumerate(sample_rows.tolist())}
-        sample_index = np.array([position_of[int(r)] for r in vrows], dtype=np.int64)
+        self._row_index[sample_rows] = np.arange(num_sample)
+        sample_index = self._row_index[vrows]
         random = temperature > 0
         chained = None if sched.chained is None else sched.chained[idx]
-        ints = [token_index, drafts if len(drafts) else np.zeros(0), top_k, seeds, positions, pad_index,
-                valid, vrows, np.zeros(0) if chained is None else chained]
-        device = self.chain_ok.device
-        (token_index_d, drafts_d, top_k_d, seeds_d, positions_d, pad_index_d, valid_d, vrows_d,
-         chained_d) = to_device_packed(ints, np.int64, device)
-        temperature_d, top_p_d = to_device_packed([temperature, top_p], np.float32, device)
+        i64, f32 = np.int64, np.float32
+        (token_index_d, drafts_d, top_k_d, seeds_d, positions_d, start_d, d_d, vrows_d, temperature_d, top_p_d,
+         chained_d) = self._staged.to_device(
+            [(token_index, i64), (drafts, i64), (top_k, i64), (seeds, i64), (positions, i64), (ends - d, i64),
+             (d, i64), (vrows, i64), (temperature, f32), (top_p, f32), (np.zeros(0) if chained is None else chained,
+                                                                      np.bool_)], parity)
         params = SamplingTensors(temperature_d, top_k_d, top_p_d, seeds_d, positions_d,
                                  all_greedy=not random.any(),
                                  need_top_k_top_p=bool((random & ((top_k > 0) | (top_p < 1))).any()))
-        return VerifyRows([batch.states[int(r)] for r in vrows], sample_index, d, token_index_d,
-                          drafts_d if len(drafts) else None, params, pad_index_d, valid_d.bool(), vrows_d,
-                          chained=None if chained is None else chained_d.bool())
+        return VerifyRows([batch.states[r] for r in vrows.tolist()], sample_index, d, token_index_d,
+                          drafts_d if len(drafts) else None, params, start_d, d_d, vrows_d,
+                          chained=None if chained is None else chained_d, logits_row=logits_row)
 
     def verify(self, v: VerifyRows, logits: torch.Tensor, draft_ids: torch.Tensor, last_tokens: torch.Tensor,
                prev_last: torch.Tensor | None) -> VerifyOutcome:
@@ -167,23 +183,11 @@ class Verifier:
         final token replaces the bonus token the sampler stored (last_tokens[v.rows]); records
         in chain_ok whether each row accepted every draft. A chained row whose chain_ok was
         false is void: its final token is prev_last (the row's last token before the sampler's
-        write this step)."""
-        bonus = last_tokens[v.rows]
+        write this step). The scan is one kernel (kernels.verify_scan)."""
         accepted, recovered = rejection_sample(logits, draft_ids, v.params)
-        acc = accepted[v.pad_index] & v.pad_valid  # [S, Dmax]
-        num_accepted = acc.long().cumprod(dim=1).sum(dim=1)  # [S]
-        d = v.pad_valid.sum(dim=1)
-        rec = recovered[v.pad_index]
-        final = torch.where(num_accepted < d, rec.gather(1, num_accepted.clamp(max=rec.shape[1] - 1)[:, None])[:, 0],
-                            bonus)
-        tokens = torch.cat([draft_ids[v.pad_index], torch.zeros_like(final)[:, None]], dim=1)
-        tokens = tokens.scatter(1, num_accepted[:, None], final[:, None])
-        full, valid = num_accepted == d, None
-        if v.chained is not None:
-            valid = ~v.chained | self.chain_ok[v.rows]
-            full &= valid
-            final = torch.where(valid, final, prev_last)
-        self.chain_ok.index_copy_(0, v.rows, full)
+        tokens, num_accepted, final, valid = kernels.verify_scan(
+            accepted, recovered, draft_ids, v.draft_start, v.drafts_per_row, v.rows, last_tokens, self.chain_ok,
+            v.chained, prev_last, v.max_drafts)
         return VerifyOutcome(tokens, num_accepted, final, valid)
 
     def result(self, v: VerifyRows, outcome: VerifyOutcome, token_ids: list[int]) -> tuple[list[int], list[int]]:

@@ -15,8 +15,8 @@ replay; the rest is compiled by the first step that runs it. Per class of that (
     or the logits processors: plain (greedy, temperature), top-k/top-p (sort path), processors
     and logprobs, structured-output masks (the kernel's mask variant), each after a mixed graph,
     a decode graph and an eager forward; prompt logprobs, a chunked prefill;
-  - verify rows, with an odd and an even number of drafts (the rejection rule's columns are
-    views of one packed copy, aligned or not by the count); with a draft model, its eager
+  - verify rows, with an odd and an even number of drafts, chained or not (kernels/verify_scan.py's
+    two variants); with a draft model, its eager
     decodes over the verify rows per batch-size class of its decode variants.
 A scenario is a list of plans run from an empty runner; its requests share one KV block range
 (their KV is never read back; overwritten later as any free block is). Pure: tested on CPU.
@@ -179,9 +179,8 @@ class WarmupPlans:
         return plans
 
     def verify_scenarios(self) -> list[list[StepPlan]]:
-        """Speculative verify rows (a mixed graph of their tokens, the rejection rule), with an
-        odd and an even number of drafts (the rule's per-draft columns are views of one packed
-        copy: their alignment follows the count). With a draft model, its eager decodes over the
+        """Speculative verify rows (a mixed graph of their tokens, the rejection rule, the verify
+        scan), with an odd and an even number of drafts. With a draft model, its eager decodes over the
         verify rows: one scenario per batch-size class of its decode variants."""
         drafts = [(2, 1), (1, 1)]
         if self.shapes.draft_model:
@@ -191,13 +190,17 @@ class WarmupPlans:
         return [self.verify_rows(d) for d in drafts if len(d) <= self.shapes.max_num_seqs]
 
     def verify_rows(self, drafts: tuple[int, ...]) -> list[StepPlan]:
-        """New 4-token prompts, then a verify row of each with drafts[i] drafts."""
+        """New 4-token prompts, then a verify row of each with drafts[i] drafts, then chained
+        verify rows (the verify scan's other variant)."""
         news = self.news([4] * len(drafts), [greedy(), SamplerParams(temperature=0.8, seed=7)])
-        plan = self.plan(cached=CachedRequestData())
-        for new, d in zip(news, drafts):
-            plan.cached_requests.append(new.req_id, 1 + d, [])
-            plan.add_drafts(DraftSlots(d) if self.shapes.draft_model else [1] * d)
-        return [self.plan(news), plan]
+        plans = [self.plan(news)]
+        for chained in (False, True):
+            plan = self.plan(cached=CachedRequestData())
+            for new, d in zip(news, drafts):
+                plan.cached_requests.append(new.req_id, 1 + d, [])
+                plan.add_drafts(DraftSlots(d) if self.shapes.draft_model else [1] * d, chained=chained)
+            plans.append(plan)
+        return plans
 
     # ---- plans and requests -------------------------------------------------------------------
     def fewest_reqs(self, num_tokens: int) -> int:

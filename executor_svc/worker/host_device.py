@@ -2,10 +2,11 @@
 
 Twin and TwinGroup: static buffers allocated once, a pinned host side (double-buffered on CUDA)
 and a device side, copied non-blocking each step (the sampler's columns, the draft's inputs).
-PackedTwins: a step's inputs (step_buffers.py) packed for its shape into one copy. to_device / to_device_packed: arrays made on the fly (a request's tables,
-the verify rows), staged through pinned memory and copied non-blocking: a pageable copy would
-wait for the step in flight and break the one-step-ahead overlap (torch's pinned allocator
-keeps each staging tensor alive until its copy has run). to_host: a device tensor's
+PackedTwins: a step's inputs (step_buffers.py) packed for its shape into one copy. Staged: the
+verify rows' columns, made each step, through persistent staging in one copy. to_device: an
+array made on the fly (a request's tables), staged through pinned memory and copied
+non-blocking: a pageable copy would wait for the step in flight and break the one-step-ahead
+overlap (torch's pinned allocator keeps each staging tensor alive until its copy has run). to_host: a device tensor's
 non-blocking copy into fresh pinned memory, read after the step's completion event.
 On CPU every "copy" is the tensor itself, or a plain one.
 """
@@ -195,6 +196,44 @@ class PackedTwins:
         return lay
 
 
+class Staged:
+    """Arrays made each step (the verify rows' columns) in ONE non-blocking copy: packed, each
+    16-byte aligned, into persistent pinned staging (two sets, by step parity: a set is written
+    again only after the step that used it two launches ago was finished) and copied into one
+    persistent device buffer (stream order: the last step's kernels read it before this copy
+    lands). Device views in the arrays' shapes are returned; a step larger than `nbytes` stages
+    through fresh pinned memory. On CPU the views are the arrays themselves, as tensors."""
+
+    ALIGN = 16
+
+    def __init__(self, nbytes: int, device: torch.device):
+        self.device, self.nbytes = device, nbytes
+        if device.type == "cuda":
+            self.hosts = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+            self.dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def to_device(self, arrays: list[tuple[np.ndarray, type]], parity: int) -> list[torch.Tensor]:
+        """[(array, numpy dtype)] -> their device tensors, in one copy."""
+        if self.device.type != "cuda":
+            return [torch.from_numpy(np.ascontiguousarray(a, dtype=dt)) for a, dt in arrays]
+        starts, total = [], 0
+        for a, dt in arrays:
+            starts.append(total)
+            total += -(-np.size(a) * np.dtype(dt).itemsize // self.ALIGN) * self.ALIGN
+        if total <= self.nbytes:
+            host, dev = self.hosts[parity % 2], self.dev
+        else:
+            host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+            dev = torch.empty(total, dtype=torch.uint8, device=self.device)
+        staging, views = host.numpy(), []
+        for (a, dt), start in zip(arrays, starts):
+            n = np.size(a) * np.dtype(dt).itemsize
+            staging[start:start + n].view(dt)[...] = np.ravel(a)
+            views.append(dev[start:start + n].view(torch.from_numpy(np.zeros(0, dt)).dtype).view(np.shape(a)))
+        dev[:total].copy_(host[:total], non_blocking=True)
+        return views
+
+
 def to_device(a: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host array (numpy or a CPU tensor) on `device`, non-blocking through pinned staging on CUDA."""
     host = torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
@@ -206,18 +245,6 @@ def to_device(a: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tenso
 def copy_into(dst: torch.Tensor, host: torch.Tensor) -> None:
     """dst.copy_(host), non-blocking through pinned staging when dst is on CUDA."""
     dst.copy_(host.pin_memory() if dst.is_cuda else host, non_blocking=True)
-
-
-def to_device_packed(arrays: list[np.ndarray], dtype, device: torch.device) -> list[torch.Tensor]:
-    """Several arrays of one dtype in ONE host -> device copy (packed, then split back into
-    device views of the arrays' shapes)."""
-    packed = to_device(np.concatenate([np.asarray(a, dtype=dtype).ravel() for a in arrays]), device)
-    views, start = [], 0
-    for a in arrays:
-        size = int(np.prod(np.shape(a), dtype=np.int64))
-        views.append(packed[start:start + size].view(np.shape(a)))
-        start += size
-    return views
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ class ModelRunner:
         self.sampler, self.limits, self._info, self.graphs = sampler, limits, info, graphs
         self.drafter, self.ranks = drafter, ranks if ranks is not None else OneDevice()
         self.device = buffers.device
-        self.verifier = Verifier(limits.max_num_seqs, self.device)
+        self.verifier = Verifier(limits.max_num_seqs, limits.max_num_tokens, self.device)
         self._graphs_on = graphs is not None
         self._parity = 0  # host buffer set of the next launched step
         self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
@@ -133,18 +133,19 @@ class ModelRunner:
             self.finish(prev)  # normally done already: its buffers are free
         try:
             step, sampling, prompt_rows, spec = self._prepare(admitted, parity)
-            need_hidden = spec is not None or prompt_rows is not None
+            num_logits = step.num_sample + (spec.num_draft_logits if spec is not None else 0)
+            need_hidden = (spec is not None and spec.logits_row is None) or prompt_rows is not None
             shape = self.graphs.shape_for(step, need_hidden) if self._graphs_on else None
             timer = StepTimer(self.device, self._stream)
             timer.mark()  # the step's start on the device: before its input copies
-            attn = self._copy_inputs(step, shape)
+            attn = self._copy_inputs(step, shape, num_logits)
             out.prepare_us = int((time.perf_counter() - t0) * 1e6)
             out.graph_size = shape.num_tokens if shape is not None else 0  # decode: = its batch
             timer.mark()
             drafts = None if spec is None else spec.draft_ids
             if self.drafter is not None:  # draft model: its KV catches up, verify rows get drafts
                 drafts = self.drafter.propose(scheduled, spec, parity, self.buffers.input_ids.gpu)
-            logits, hidden = self._forward(step, attn, shape)  # [N, V]; [T, H] when eager
+            logits, hidden = self._forward(step, attn, shape, num_logits)  # [N + drafts, V]; [T, H] when eager
             timer.mark()
             before = self._last_timer  # its last mark is final: a deferred sampling was flushed above
             handle = StepHandle(out, timer=timer, prev_end=before.end_event if before is not None else None)
@@ -156,13 +157,12 @@ class ModelRunner:
                 if sampling.need_masks and spec is None and self.ranks.alone:
                     self._deferred.defer(handle, logits, sampling, graph_size)  # its masks need N-1's tokens
                 else:
-                    handle.sampled = self.sampler.sample(logits, sampling, graph_size)
-            if spec is not None:  # verify steps: eager, or a mixed graph (its hidden states)
-                draft_logits = self.model.compute_logits(hidden[spec.token_index])  # every rank
-                if self.ranks.decides:
-                    outcome = self.verifier.verify(spec, draft_logits, drafts, last, prev_last)
-                    self.sampler.store_last(spec.rows, outcome.final)
-                    handle.verify = (spec, outcome)
+                    handle.sampled = self.sampler.sample(logits[:step.num_sample], sampling, graph_size)
+            if spec is not None:  # verify steps: eager or a mixed graph; the drafts' logits rows follow the sampled
+                draft_logits = (logits[step.num_sample:num_logits] if spec.logits_row is not None  # every rank
+                                else self.model.compute_logits(hidden[spec.token_index]))
+                if self.ranks.decides:  # (the verify writes the rows' last tokens: the final ones)
+                    handle.verify = (spec, self.verifier.verify(spec, draft_logits, drafts, last, prev_last))
             if step.num_sample and handle.deferred is None:
                 self.ranks.share_last_tokens(last)  # the deciding rank's, once final
             if prompt_rows is not None:
@@ -240,14 +240,15 @@ class ModelRunner:
             self.batch.states, scheduled.rows, step.chunk_start, step.chunk_start + scheduled.counts,
             step.token_offset)
         spec = None if scheduled.drafts is None else self.verifier.prepare(
-            self.batch, self.sampler, self.buffers, scheduled, admitted.plan.draft_token_ids, step.sample_rows)
+            self.batch, self.sampler, self.buffers, scheduled, admitted.plan.draft_token_ids, step.sample_rows, parity)
         return Prepared(step, sampling, prompt_rows, spec)
 
-    def _copy_inputs(self, step: PreparedStep, shape: GraphShape | None) -> AttentionMetadata:
-        """Copies the first rows of every buffer to the device (padded to the graph's shape)."""
+    def _copy_inputs(self, step: PreparedStep, shape: GraphShape | None, num_logits: int) -> AttentionMetadata:
+        """Copies the first rows of every buffer to the device (padded to the graph's shape);
+        num_logits: the sampled rows' and any drafts' logits rows."""
         buf = self.buffers
         if shape is not None:
-            buf.pad(step.num_reqs, step.num_tokens, step.num_sample, shape.num_reqs, shape.num_tokens)
+            buf.pad(step.num_reqs, step.num_tokens, num_logits, shape.num_reqs, shape.num_tokens)
             self.sampler.pad(step.num_sample, shape.num_reqs)
             num_reqs, num_tokens = shape.num_reqs, shape.num_tokens
         else:
@@ -255,13 +256,13 @@ class ModelRunner:
         buf.copy_to_device(num_reqs, num_tokens)
         self.sampler.copy_to_device()
         return AttentionMetadata.from_buffers(buf, num_reqs, num_tokens, step.max_query_len,
-                                              step.max_seq_len, num_sample=step.num_sample)
+                                              step.max_seq_len, num_sample=num_logits)
 
-    def _forward(self, step: PreparedStep, attn: AttentionMetadata,
-                 shape: GraphShape | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """([N, V] logits of the sampled rows, [T, H] hidden states or None): the graph of
-        `shape` replayed (a mixed graph's hidden states, none of a decode graph), or eagerly
-        (shape None)."""
+    def _forward(self, step: PreparedStep, attn: AttentionMetadata, shape: GraphShape | None,
+                 num_logits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """([num_logits, V] logits of the sampled rows then any drafts' rows, [T, H] hidden
+        states or None): the graph of `shape` replayed (a mixed graph's hidden states, none of a
+        decode graph), or eagerly (shape None)."""
         if shape is not None:
             logits = self.graphs.replay(shape)  # [B, V] model dtype: the sampler reads it once
             if shape.decode and step.num_sample == step.num_reqs:  # every row samples: row i
@@ -269,7 +270,7 @@ class ModelRunner:
             if shape.decode:  # row i = request i; some rows (1-token prefill chunks) do not sample
                 return logits[attn.logits_indices], None
             # row i = token logits_indices[i]
-            return logits[:step.num_sample], self.graphs.hidden[:step.num_tokens]
+            return logits[:num_logits], self.graphs.hidden[:step.num_tokens]
         t = step.num_tokens
         tokens = self.buffers.input_tokens(self.sampler.last_tokens, t)  # [T] int64
         hidden = self.model(tokens, self.buffers.positions.gpu[:t], attn, self.kv_caches)  # [T, H]

@@ -16,7 +16,7 @@ _SPECS = {
     "slot_mapping": PackedSpec("tokens", torch.int64, fill=-1),  # [T] -1 = do not write
     "seq_lens": PackedSpec("reqs", torch.int32),  # [B]
     "query_start_loc": PackedSpec("reqs", torch.int32, extra=1),  # [B + 1]
-    "logits_indices": PackedSpec("reqs", torch.int64),  # [N <= B]: token index of each sampled row
+    "logits_indices": PackedSpec("tokens", torch.int64),  # [N (+ D) <= T]: token of each sampled row (then of each draft)
 }
 
 
@@ -41,9 +41,9 @@ class StepBuffers:
         """Selects staging set i % 2 of the copy (CUDA; a no-op on CPU, where the host array is the device's)."""
         self.packed.use_host(i)
 
-    def pad(self, num_reqs: int, num_tokens: int, num_sample: int, reqs_to: int, tokens_to: int) -> None:
+    def pad(self, num_reqs: int, num_tokens: int, num_logits: int, reqs_to: int, tokens_to: int) -> None:
         """Makes tokens num_tokens..tokens_to harmless (no request, written nowhere), requests
-        num_reqs..reqs_to empty (seq_len 0, no tokens) and logits rows num_sample..reqs_to
+        num_reqs..reqs_to empty (seq_len 0, no tokens) and logits rows num_logits..reqs_to
         read token 0 (the Sampler pads its rows: Sampler.pad)."""
         self.input_ids.np[num_tokens:tokens_to] = 0
         self.use_last.np[num_tokens:tokens_to] = False
@@ -52,7 +52,7 @@ class StepBuffers:
         self.seq_lens.np[num_reqs:reqs_to] = 0
         self.block_tables.np[num_reqs:reqs_to] = 0
         self.query_start_loc.np[num_reqs + 1:reqs_to + 1] = self.query_start_loc.np[num_reqs]
-        self.logits_indices.np[num_sample:reqs_to] = 0
+        self.logits_indices.np[num_logits:reqs_to] = 0
 
     def copy_to_device(self, num_reqs: int, num_tokens: int) -> None:
         """Enqueues (non-blocking) the one copy of what a step of num_reqs requests and

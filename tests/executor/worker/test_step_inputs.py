@@ -135,7 +135,7 @@ def test_packed_copy_lays_out_each_shape_once_at_stable_addresses(num_reqs, num_
         member.np[...] = gen.integers(0, 100, member.np.shape).astype(member.np.dtype)
     rows = {"input_ids": num_tokens, "use_last": num_tokens, "src_rows": num_tokens, "positions": num_tokens,
             "slot_mapping": num_tokens, "seq_lens": num_reqs, "query_start_loc": num_reqs + 1,
-            "logits_indices": num_reqs, "block_tables": num_reqs}
+            "logits_indices": num_tokens, "block_tables": num_reqs}
     buf.use_host(1)
     buf.copy_to_device(num_reqs, num_tokens)
     base, ptrs = buf.packed.dev.data_ptr(), {}

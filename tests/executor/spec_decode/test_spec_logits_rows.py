@@ -1,0 +1,35 @@
+"""Where a verify step's draft logits come from (CPU, fp32, tiny-llama): the step's own logits
+rows after its sampled rows (one lm_head pass; a mixed graph computes them too) when they fit in
+max_num_seqs rows, else the lm_head over the hidden states of the drafts' tokens. Both give the
+greedy continuation exactly, accepted and rejected drafts alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from step_protocol.domain import StepPlan
+from tests.executor.conftest import cached_rows, make_runner
+from tests.executor.spec_decode.test_spec_chain import greedy, start, verify_row
+
+
+@pytest.mark.parametrize("max_num_seqs,expected_row", [(3, None), (8, 1)])
+def test_draft_logits_from_either_path_give_the_greedy_continuation(model_dirs, max_num_seqs, expected_row):
+    runner = make_runner(model_dirs["tiny-llama"], num_kv_blocks=32, block_size=16, max_num_seqs=max_num_seqs)
+    prepare, seen = runner.verifier.prepare, []
+
+    def spy(*args, **kwargs):
+        rows = prepare(*args, **kwargs)
+        seen.append(rows.logits_row)
+        return rows
+
+    runner.verifier.prepare = spy
+    ref = greedy(runner, 12)
+    assert start(runner) == ref[0]
+    r = runner.execute(verify_row(1, ref[1:4]))  # 3 drafts, all accepted, then the bonus token
+    assert (r.token_ids, r.num_tokens) == (ref[1:5], [4])
+    wrong = (ref[6] + 1) % 50
+    r = runner.execute(verify_row(2, [ref[5], wrong, ref[7]]))  # the second rejected: its token instead
+    assert (r.token_ids, r.num_tokens) == (ref[5:7], [2])
+    r = runner.execute(StepPlan(3, cached_requests=cached_rows((1, 1))))  # the rolled-back slots given back
+    assert r.token_ids == [ref[7]]
+    assert seen == [expected_row, expected_row]  # 1 sampled row + 3 drafts: 4 logits rows
