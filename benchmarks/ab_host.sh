@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The executor's host path, this tree against OLD_TREE (an export of the commit to compare with),
+# alternating in one call (lent machines differ: quote ratios): the launch profile of decode steps
+# (benchmarks/launch_profile.py) and a verify step's cost (benchmarks/spec_step_cost.py), llama-1b.
+#   [WHAT=launch|verify] bash benchmarks/ab_host.sh OLD_TREE [ROUNDS]     (both by default)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+old=$1
+rounds=${2:-2}
+site=""
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  site=/tmp/site
+fi
+# the model folder is built by this tree first (the old tree reuses it)
+llama1b=$(PYTHONPATH=$site:$PWD python3 -c 'from benchmarks.harness import model_path; print(model_path("llama-1b"))' | tail -1)
+for r in $(seq "$rounds"); do
+  for tree in . "$old"; do
+    label=$([ "$tree" = . ] && echo new || echo old)
+    (cd "$tree" && export PYTHONPATH=$site:$PWD
+      if [ "${WHAT:-both}" != verify ]; then
+        timeout 240 python3 -m benchmarks.launch_profile 2>&1 | grep "^b=" | sed "s/^/LAUNCH $label r$r /"
+      fi
+      if [ "${WHAT:-both}" != launch ]; then
+        timeout 240 python3 -m benchmarks.spec_step_cost --device cuda --model "$llama1b" 2>&1 | grep "^b=" |
+          sed "s/^/VERIFY $label r$r /"
+      fi)
+  done
+done
