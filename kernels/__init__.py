@@ -289,7 +289,7 @@ def verify_scan(
     counts [S], final tokens [S], valid [S] or None); writes chain_ok and last_tokens of the rows
     (kernels/reference_verify.py says exactly what)."""
     if rows.is_cuda:
-        from kernels.verify_scan import verify_scan_triton
+        from kernels.spec_verify import verify_scan_triton
 
         return verify_scan_triton(accepted, recovered, draft_ids, draft_start, num_drafts, rows, last_tokens,
                                   chain_ok, chained, prev_last, max_drafts)

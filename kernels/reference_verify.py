@@ -1,4 +1,4 @@
-"""The reference of the verify scan (kernels/verify_scan.py): speculative decoding's per-row
+"""The reference of the verify scan (kernels/spec_verify.py): speculative decoding's per-row
 accept scan, the row's final token, the chain flags and the rows' last tokens, in plain torch."""
 
 from __future__ import annotations

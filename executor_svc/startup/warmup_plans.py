@@ -15,7 +15,7 @@ replay; the rest is compiled by the first step that runs it. Per class of that (
     or the logits processors: plain (greedy, temperature), top-k/top-p (sort path), processors
     and logprobs, structured-output masks (the kernel's mask variant), each after a mixed graph,
     a decode graph and an eager forward; prompt logprobs, a chunked prefill;
-  - verify rows, with an odd and an even number of drafts, chained or not (kernels/verify_scan.py's
+  - verify rows, with an odd and an even number of drafts, chained or not (kernels/spec_verify.py's
     two variants); with a draft model, its eager
     decodes over the verify rows per batch-size class of its decode variants.
 A scenario is a list of plans run from an empty runner; its requests share one KV block range

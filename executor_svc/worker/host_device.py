@@ -202,19 +202,22 @@ class Staged:
     again only after the step that used it two launches ago was finished) and copied into one
     persistent device buffer (stream order: the last step's kernels read it before this copy
     lands). Device views in the arrays' shapes are returned; a step larger than `nbytes` stages
-    through fresh pinned memory. On CPU the views are the arrays themselves, as tensors."""
+    through fresh pinned memory. On CPU the views are the arrays themselves, as tensors, unless
+    `pack` (the tests of the CUDA path, on CPU)."""
 
     ALIGN = 16
 
-    def __init__(self, nbytes: int, device: torch.device):
+    def __init__(self, nbytes: int, device: torch.device, pack: bool | None = None):
         self.device, self.nbytes = device, nbytes
-        if device.type == "cuda":
-            self.hosts = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+        self.packs = device.type == "cuda" if pack is None else pack
+        if self.packs:
+            pin = device.type == "cuda"
+            self.hosts = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
             self.dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
 
     def to_device(self, arrays: list[tuple[np.ndarray, type]], parity: int) -> list[torch.Tensor]:
         """[(array, numpy dtype)] -> their device tensors, in one copy."""
-        if self.device.type != "cuda":
+        if not self.packs:
             return [torch.from_numpy(np.ascontiguousarray(a, dtype=dt)) for a, dt in arrays]
         starts, total = [], 0
         for a, dt in arrays:
@@ -223,7 +226,7 @@ class Staged:
         if total <= self.nbytes:
             host, dev = self.hosts[parity % 2], self.dev
         else:
-            host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+            host = torch.empty(total, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
             dev = torch.empty(total, dtype=torch.uint8, device=self.device)
         staging, views = host.numpy(), []
         for (a, dt), start in zip(arrays, starts):

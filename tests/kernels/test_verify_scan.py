@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernels.reference_verify import verify_scan_reference
-from tests.kernels.kernel_cases import DEVICE, TRITON_MARKS
+from tests.kernels.kernel_cases import DEVICE, ON_CUDA, TRITON_MARKS
 
 R = 40  # persistent rows (+ the scratch row of the executor's tables)
 
@@ -83,16 +83,29 @@ def test_every_draft_accepted_takes_the_bonus_and_any_rejection_the_recovered_to
 @TRITON_MARKS[0]
 @TRITON_MARKS[1]
 def test_the_kernel_matches_the_reference(seed, num_rows, max_drafts, chain, p_accept):
-    from kernels.verify_scan import verify_scan_triton
+    import kernels
+    from kernels.spec_verify import verify_scan_triton
 
     c = _case(seed, num_rows, max_drafts, chain, p_accept)
     ref = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
     dev = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
     expected = verify_scan_reference(**ref)
-    got = verify_scan_triton(**dev)
+    # what the executor calls (the dispatch, after the Triton module was imported: no name shadows it)
+    got = (kernels.verify_scan if ON_CUDA else verify_scan_triton)(**dev)
     for e, x in zip(expected, got):
         assert (e is None) == (x is None)
         if e is not None:
             assert x.dtype == e.dtype and torch.equal(x.cpu(), e)
     assert torch.equal(dev["last_tokens"].cpu(), ref["last_tokens"])
     assert torch.equal(dev["chain_ok"].cpu(), ref["chain_ok"])
+
+
+def test_no_kernel_module_shadows_a_kernel_function():
+    """`from kernels.x import ...` sets kernels.x to the module: a kernel function named like a
+    module of the package is replaced by it on the first CUDA call (it happened: verify_scan)."""
+    from pathlib import Path
+
+    import kernels
+
+    folder = Path(kernels.__file__).parent
+    assert [name for name in kernels.__all__ if (folder / f"{name}.py").exists()] == []

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import pytest
 
+from executor_svc.worker.host_device import Staged
 from step_protocol.domain import StepPlan
 from tests.executor.conftest import cached_rows, make_runner
 from tests.executor.spec_decode.test_spec_chain import greedy, start, verify_row
 
 
+@pytest.mark.parametrize("packed", [False, True])  # the verify rows' columns packed into staging, as on CUDA
 @pytest.mark.parametrize("max_num_seqs,expected_row", [(3, None), (8, 1)])
-def test_draft_logits_from_either_path_give_the_greedy_continuation(model_dirs, max_num_seqs, expected_row):
+def test_draft_logits_from_either_path_give_the_greedy_continuation(model_dirs, max_num_seqs, expected_row, packed):
     runner = make_runner(model_dirs["tiny-llama"], num_kv_blocks=32, block_size=16, max_num_seqs=max_num_seqs)
+    if packed:
+        runner.verifier._staged = Staged(runner.verifier._staged.nbytes, runner.device, pack=True)
     prepare, seen = runner.verifier.prepare, []
 
     def spy(*args, **kwargs):
