@@ -19,7 +19,7 @@ for r in $(seq "$rounds"); do
     label=$([ "$tree" = . ] && echo new || echo old)
     (cd "$tree" && export PYTHONPATH=$site:$PWD
       if [ "${WHAT:-both}" != verify ]; then
-        timeout 240 python3 -m benchmarks.launch_profile 2>&1 | grep "^b=" | sed "s/^/LAUNCH $label r$r /"
+        timeout 240 python3 -m benchmarks.launch_profile 2>&1 | grep -E "^b=|warm-up: |captured [0-9]+ CUDA" | cut -c1-220 | sed "s/^/LAUNCH $label r$r /"
       fi
       if [ "${WHAT:-both}" != launch ]; then
         timeout 240 python3 -m benchmarks.spec_step_cost --device cuda --model "$llama1b" 2>&1 | grep "^b=" |
