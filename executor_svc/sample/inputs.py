@@ -58,10 +58,20 @@ class SampleInputs:
         ])
         (self.rows, self.positions, self.temperature, self.top_k, self.top_p, self.seeds, self.min_p,
          self.presence, self.frequency, self.repetition, self.min_pos) = self.group.twins
+        self._set = 0  # the host set in use
+        self._held: list[tuple[int, SampleStep] | None] = [None] * len(self.group.hosts)  # per set: (key, step)
 
-    def write(self, state: SamplingRows, rows: np.ndarray, positions: np.ndarray) -> SampleStep:
-        """Gathers the columns of the sampled `rows` (at `positions`) into the host set."""
+    def write(self, state: SamplingRows, rows: np.ndarray, positions: np.ndarray, key: int | None = None) -> SampleStep:
+        """Gathers the columns of the sampled `rows` (at `positions`) into the host set. key: the
+        steady decode step's rows (worker/steady.py: the same requests in the same rows while it
+        holds a key); when the host set was last written with that key, its columns are these
+        rows' already (a running request's sampling state does not change) and only the
+        positions move."""
         n = len(rows)
+        held = self._held[self._set]
+        if key is not None and held is not None and held[0] == key:
+            self.positions.np[:n] = positions
+            return held[1]
         self.rows.np[:n] = rows
         self.positions.np[:n] = positions
         temps = self.temperature.np[:n]
@@ -78,10 +88,12 @@ class SampleInputs:
             self.repetition.np[:n] = state.repetition[rows]
             self.min_pos.np[:n] = state.min_pos[rows]
         cutting = (top_k > 0) | (top_p < 1.0)
-        return SampleStep(n, all_greedy=not temps.any(), need_top_k_top_p=bool((cutting & (temps > 0)).any()),
+        step = SampleStep(n, all_greedy=not temps.any(), need_top_k_top_p=bool((cutting & (temps > 0)).any()),
                           need_processors=need_processors, need_penalties=bool(state.uses_penalties[rows].any()),
                           num_logprobs=int(state.logprobs[rows].max(initial=-1)),
                           need_masks=bool(state.uses_grammar[rows].any()))
+        self._held[self._set] = None if key is None else (key, step)
+        return step
 
     def pad(self, num_sample: int, to: int) -> None:
         """Rows num_sample..to of a padded graph sample into the scratch row (max_num_seqs)."""
@@ -89,6 +101,7 @@ class SampleInputs:
 
     def use_host(self, i: int) -> None:
         self.group.use_host(i)
+        self._set = i % len(self.group.hosts)
 
     def copy_to_device(self) -> None:
         self.group.copy_to_device()

@@ -99,12 +99,13 @@ class Sampler:
 
     # ---- per step ---------------------------------------------------------------------------
 
-    def prepare(self, rows: np.ndarray, positions: np.ndarray, parity: int) -> SampleStep:
+    def prepare(self, rows: np.ndarray, positions: np.ndarray, parity: int, key: int | None = None) -> SampleStep:
         """Writes the columns of the rows that sample this step (at the positions of the tokens
-        they sample) into host set `parity`."""
+        they sample) into host set `parity`; key: the steady decode step's (inputs.py: then
+        only the positions move)."""
         self.inputs.use_host(parity)
         self._parity = parity
-        return self.inputs.write(self.rows, rows, positions)
+        return self.inputs.write(self.rows, rows, positions, key)
 
     def prompt_logprob_rows(self, requests: list, rows: np.ndarray, start: np.ndarray, end: np.ndarray,
                             offsets: np.ndarray) -> PromptLogprobRows | None:

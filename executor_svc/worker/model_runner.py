@@ -235,8 +235,8 @@ class ModelRunner:
         else:
             step = prepare_step(self.batch, self.buffers, scheduled, self.limits)
             self._steady.remember(admitted.plan, step, scheduled, self.batch)
-        sampling = self.sampler.prepare(step.sample_rows, step.sample_positions, parity)
-        prompt_rows = self.sampler.prompt_logprob_rows(
+        sampling = self.sampler.prepare(step.sample_rows, step.sample_positions, parity, self._steady.key)
+        prompt_rows = None if admitted.steady is not None else self.sampler.prompt_logprob_rows(  # (decode rows: none)
             self.batch.states, scheduled.rows, step.chunk_start, step.chunk_start + scheduled.counts,
             step.token_offset)
         spec = None if scheduled.drafts is None else self.verifier.prepare(

@@ -33,11 +33,19 @@ class SteadyDecode:
         self._id_set: frozenset[int] = frozenset()
         self._rows: np.ndarray | None = None
         self._arange: np.ndarray | None = None
+        self._version = 0  # a new one for every step it remembers or forgets
+
+    @property
+    def key(self) -> int | None:
+        """Names the remembered rows until the next general step or reset (the sampler's
+        columns of those rows are kept under it: sample/inputs.py); None: none remembered."""
+        return None if self._req_ids is None else self._version
 
     def forget(self) -> None:
         """The step buffers or the rows may hold something else now (any other step, a reset,
         a failed launch): the next plan takes the general path."""
         self._req_ids = None
+        self._version += 1
 
     def remember(self, plan: StepPlan, step: PreparedStep, scheduled: Scheduled, batch: InputBatch) -> None:
         """After the general path prepared the step of `plan` (the plan that runs): keeps it if
@@ -52,6 +60,7 @@ class SteadyDecode:
             self.forget()
             return
         self._req_ids, self._rows = list(req_ids), scheduled.rows.copy()
+        self._version += 1
         self._id_set = frozenset(req_ids)
         self._arange = np.arange(len(req_ids), dtype=np.int64)
 

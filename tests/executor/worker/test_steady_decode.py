@@ -14,6 +14,7 @@ from tests.executor.conftest import make_runner
 
 BUFFERS = ("input_ids", "use_last", "src_rows", "positions", "slot_mapping", "seq_lens", "query_start_loc",
            "logits_indices", "block_tables")
+SAMPLER_COLUMNS = ("rows", "positions", "temperature", "top_k", "top_p", "seeds")
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,9 @@ class Scheduler:
                 rows = b + 1 if name == "query_start_loc" else (b if name in ("seq_lens", "logits_indices", "block_tables") else t)
                 np.testing.assert_array_equal(getattr(on.buffers, name).np[:rows], getattr(off.buffers, name).np[:rows],
                                               err_msg=f"step {self.step_id}: {name}")
+            for name in SAMPLER_COLUMNS:  # the sampled rows' columns: a steady step moves the positions only
+                np.testing.assert_array_equal(getattr(on.sampler.inputs, name).np[:b],
+                                              getattr(off.sampler.inputs, name).np[:b], err_msg=f"step {self.step_id}: {name}")
         self.steady.append(getattr(outs[0], "steady", False))
         assert not getattr(outs[1], "steady", False)
         return outs
@@ -100,6 +104,8 @@ def test_steady_steps_equal_the_general_path_token_for_token(runners):
             tokens[r].append(t)
     # the first decode step follows a prefill: general; every later one repeats it
     assert s.steady == [False, False] + [True] * 13
+    held = runners[0].sampler.inputs._held  # the steady steps kept the sampler's columns under their key
+    assert runners[0]._steady.key is not None and held[0] is not None and held[0][0] == runners[0]._steady.key
     s.step(cached=s.decode([1, 3]))  # request 2 sits out (its last token in flight): general
     on, off = s.step(cached=s.decode([1, 3]), finished=[2])  # it finishes; the rows repeat: steady
     assert s.steady[-2:] == [False, True] and on.token_ids == off.token_ids
