@@ -55,7 +55,9 @@ def shapes_of(runner) -> WarmupShapes:
     if (Path(info.model_path) / "tokenizer.json").is_file():
         from llmserve.structured import regex, to_grammar
 
-        grammar = to_grammar(regex(r"[0-9]{1,8}", "warm-up"))
+        # complete only past MARGIN tokens: warm-up plans sample on past EOS (serving refuses
+        # ignore_eos with a grammar), where a complete grammar's mask allows nothing
+        grammar = to_grammar(regex(f"[0-9]{{{2 * MARGIN},{4 * MARGIN}}}", "warm-up"))
     return WarmupShapes(
         max_num_seqs=info.max_num_seqs, max_num_tokens=info.max_num_batched_tokens,
         max_tokens_per_req=min(avail, info.max_model_len) - MARGIN, block_size=info.block_size,
