@@ -159,7 +159,7 @@ class ModelRunner:
                 else:
                     handle.sampled = self.sampler.sample(logits[:step.num_sample], sampling, graph_size)
             if spec is not None:  # verify steps: eager or a mixed graph; the drafts' logits rows follow the sampled
-                draft_logits = (logits[step.num_sample:num_logits] if spec.logits_row is not None  # every rank
+                draft_logits = (logits[spec.logits_row:num_logits] if spec.logits_row is not None  # every rank
                                 else self.model.compute_logits(hidden[spec.token_index]))
                 if self.ranks.decides:  # (the verify writes the rows' last tokens: the final ones)
                     handle.verify = (spec, self.verifier.verify(spec, draft_logits, drafts, last, prev_last))
