@@ -16,17 +16,18 @@ from safetensors.torch import load_file, save_file
 from executor_svc.model_loader.random_model import build_random_model
 from scheduler_svc.core.tokenizer import Tokenizer
 
-FIRST_PADDING_ID = 400  # random_model pads its tokenizer with plain added tokens from here
 SCALE = 4.0  # the chosen token's logit: 4 * sqrt(64) = 32; every other one is 0
 
 
 def build_chain_model(folder: Path, pieces: list[str]) -> Path:
     folder = build_random_model(folder, "tiny-llama", seed=0)
-    ids = list(range(FIRST_PADDING_ID, FIRST_PADDING_ID + len(pieces)))
     spec = json.loads((folder / "tokenizer.json").read_text())
-    for token in spec["added_tokens"]:
-        if token["id"] in ids:
-            token["content"] = pieces[token["id"] - FIRST_PADDING_ID]
+    # random_model keeps its last padding ids as added tokens "<|x0|>", ...: they become the pieces
+    padding = [token for token in spec["added_tokens"] if token["content"].startswith("<|x")]
+    assert len(pieces) <= len(padding)
+    ids = [token["id"] for token in padding[:len(pieces)]]
+    for token, piece in zip(padding, pieces):
+        token["content"] = piece
     (folder / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
     tok = Tokenizer(folder)
     start = tok.apply_chat_template([{"role": "user", "content": "hi"}])[-1]
