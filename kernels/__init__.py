@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from kernels import reference
+from kernels.step_ops import decode_advance, verify_scan
 
 __all__ = [
     "write_kv",
@@ -28,6 +29,7 @@ __all__ = [
     "rms_norm_quant",
     "silu_and_mul_quant",
     "verify_scan",
+    "decode_advance",
 ]
 
 SKINNY_MAX_M = 16  # the most rows the skinny GEMMs take (kernels/skinny_gemm.py MAX_M)
@@ -270,30 +272,3 @@ def silu_and_mul_quant(x: torch.Tensor, group_size: int | None = None):
     from kernels.fp8_reference import silu_and_mul_quant_reference
 
     return silu_and_mul_quant_reference(x, group_size)
-
-
-def verify_scan(
-    accepted: torch.Tensor,  # [D] bool
-    recovered: torch.Tensor,  # [D] int64
-    draft_ids: torch.Tensor,  # [D] int64
-    draft_start: torch.Tensor,  # [S] int64
-    num_drafts: torch.Tensor,  # [S] int64, >= 1
-    rows: torch.Tensor,  # [S] int64, distinct
-    last_tokens: torch.Tensor,  # [R] int64, in/out
-    chain_ok: torch.Tensor,  # [R] bool, in/out
-    chained: torch.Tensor | None,  # [S] bool
-    prev_last: torch.Tensor | None,  # [S] int64 (with chained)
-    max_drafts: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Speculative decoding's accept scan per verify row: (tokens [S, max_drafts + 1], accepted
-    counts [S], final tokens [S], valid [S] or None); writes chain_ok and last_tokens of the rows
-    (kernels/reference_verify.py says exactly what)."""
-    if rows.is_cuda:
-        from kernels.spec_verify import verify_scan_triton
-
-        return verify_scan_triton(accepted, recovered, draft_ids, draft_start, num_drafts, rows, last_tokens,
-                                  chain_ok, chained, prev_last, max_drafts)
-    from kernels.reference_verify import verify_scan_reference
-
-    return verify_scan_reference(accepted, recovered, draft_ids, draft_start, num_drafts, rows, last_tokens,
-                                 chain_ok, chained, prev_last, max_drafts)

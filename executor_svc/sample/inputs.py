@@ -106,6 +106,10 @@ class SampleInputs:
     def copy_to_device(self) -> None:
         self.group.copy_to_device()
 
+    def device_positions(self) -> torch.Tensor | None:
+        """The positions' device column when it is not the host's (CUDA), else None."""
+        return None if self.group.gpu is self.group.cpu else self.positions.gpu
+
     def tensors(self, n: int, all_greedy: bool = False, need_top_k_top_p: bool = False) -> SamplingTensors:
         """Device views of the first n rows' sampling parameters."""
         return SamplingTensors(

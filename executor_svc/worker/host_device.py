@@ -150,6 +150,7 @@ class PackedTwins:
                         for s in specs]
         self._layouts: dict[tuple[int, int], _Layout] = {}
         self._set = 0
+        self.last: tuple[int, int] | None = None  # (B, T) of the last copy: the layout the device holds
         if self.packs:
             total = self._offsets(max_reqs, max_tokens)[1]
             pin = device.type == "cuda"
@@ -170,6 +171,7 @@ class PackedTwins:
         self.dev[:lay.nbytes].copy_(self.staging[self._set][:lay.nbytes], non_blocking=True)
         for member, view in zip(self.members, lay.gpu):
             member.gpu = view
+        self.last = (num_reqs, num_tokens)
 
     def _offsets(self, num_reqs: int, num_tokens: int) -> tuple[list[tuple[int, int, int]], int]:
         """(rows, offset, bytes) of each member, and the layout's bytes."""

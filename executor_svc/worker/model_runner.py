@@ -29,7 +29,7 @@ from executor_svc.worker.steady import SteadyDecode
 from executor_svc.worker.step_buffers import StepBuffers
 from executor_svc.worker.step_handle import Prepared, StepHandle
 from executor_svc.worker.step_inputs import PreparedStep, StepLimits, prepare_step
-from executor_svc.worker.step_timer import StepTimer
+from executor_svc.worker.step_timer import EventPool, StepTimer
 from step_protocol.domain import ExecutorInfo, StepPlan, StepResult
 
 
@@ -38,12 +38,13 @@ class ModelRunner:
     KV caches, the persistent request rows (batch), the static step buffers, the sampler and,
     on CUDA, the captured graphs (None = always eager). `info` is the handshake answer.
     drafter: speculative decoding's draft model (spec_decode/draft.py), None without one;
-    ranks: the other devices of each step (worker/ranks.py)."""
+    ranks: the other devices of each step (worker/ranks.py); blocking_sync: the steps' completion
+    events sleep rather than spin (worker/step_timer.py)."""
 
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[KVCache], batch: InputBatch,
                  buffers: StepBuffers, sampler: Sampler, limits: StepLimits, info: ExecutorInfo,
                  graphs: GraphRunner | None = None, drafter: DraftProposer | None = None,
-                 ranks=None):
+                 ranks=None, blocking_sync: bool = False):
         self.model, self.kv_caches, self.batch, self.buffers = model, kv_caches, batch, buffers
         self.sampler, self.limits, self._info, self.graphs = sampler, limits, info, graphs
         self.drafter, self.ranks = drafter, ranks if ranks is not None else OneDevice()
@@ -53,9 +54,11 @@ class ModelRunner:
         self._parity = 0  # host buffer set of the next launched step
         self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
         self._last_timer: StepTimer | None = None  # of the last launched step (its last mark: its completion)
-        self._stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None  # every step's
+        cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.current_stream(self.device) if cuda else None  # every step's
+        self._events = EventPool(blocking_sync) if cuda else None  # every step's marks
         self._deferred = DeferredSampling(sampler, self._take_failures)  # constrained steps'
-        self._steady = SteadyDecode(enabled=self.ranks.alone)  # the last step's rows again (steady.py)
+        self._steady = SteadyDecode(self.ranks.alone, limits.max_num_seqs, self.device)  # the last step's rows again
 
     def info(self) -> ExecutorInfo:
         """The handshake answer: what start-up loaded, allocated and captured."""
@@ -67,6 +70,7 @@ class ModelRunner:
         with self.ranks.guard():
             self.ranks.use_graphs(enabled)
         self._graphs_on = enabled and self.graphs is not None
+        self._steady.forget()  # (its steps' layout was the other mode's)
 
     def reset(self) -> None:
         """Finishes any launched step, then forgets every request."""
@@ -136,9 +140,9 @@ class ModelRunner:
             num_logits = step.num_sample + (spec.num_draft_logits if spec is not None else 0)
             need_hidden = (spec is not None and spec.logits_row is None) or prompt_rows is not None
             shape = self.graphs.shape_for(step, need_hidden) if self._graphs_on else None
-            timer = StepTimer(self.device, self._stream)
+            timer = StepTimer(self._events, self._stream)
             timer.mark()  # the step's start on the device: before its input copies
-            attn = self._copy_inputs(step, shape, num_logits)
+            attn = self._copy_inputs(step, shape, num_logits, parity)
             out.prepare_us = int((time.perf_counter() - t0) * 1e6)
             out.graph_size = shape.num_tokens if shape is not None else 0  # decode: = its batch
             timer.mark()
@@ -231,7 +235,8 @@ class ModelRunner:
         scheduled = admitted.scheduled
         self.buffers.use_host(parity)
         if admitted.steady is not None:  # the last step's rows again: only what moves
-            step = self._steady.prepare(self.batch, self.buffers, admitted, self.limits)
+            step = self._steady.prepare(self.batch, self.buffers, admitted, self.limits.block_size,
+                                        on_device=self.buffers.packed.packs)
         else:
             step = prepare_step(self.batch, self.buffers, scheduled, self.limits)
             self._steady.remember(admitted.plan, step, scheduled, self.batch)
@@ -243,18 +248,24 @@ class ModelRunner:
             self.batch, self.sampler, self.buffers, scheduled, admitted.plan.draft_token_ids, step.sample_rows, parity)
         return Prepared(step, sampling, prompt_rows, spec)
 
-    def _copy_inputs(self, step: PreparedStep, shape: GraphShape | None, num_logits: int) -> AttentionMetadata:
-        """Copies the first rows of every buffer to the device (padded to the graph's shape);
-        num_logits: the sampled rows' and any drafts' logits rows."""
+    def _copy_inputs(self, step: PreparedStep, shape: GraphShape | None, num_logits: int,
+                     parity: int) -> AttentionMetadata:
+        """Copies the first rows of every buffer to the device (padded to the graph's shape), or
+        moves a steady step's inputs on the device (steady.py) when the device holds the last
+        step's in this step's layout; num_logits: the sampled rows' and any drafts' logits rows."""
         buf = self.buffers
-        if shape is not None:
-            buf.pad(step.num_reqs, step.num_tokens, num_logits, shape.num_reqs, shape.num_tokens)
-            self.sampler.pad(step.num_sample, shape.num_reqs)
-            num_reqs, num_tokens = shape.num_reqs, shape.num_tokens
+        num_reqs, num_tokens = (shape.num_reqs, shape.num_tokens) if shape is not None else (step.num_reqs,
+                                                                                              step.num_tokens)
+        if step.advance is not None and buf.packed.last == (num_reqs, num_tokens):
+            self._steady.advance(buf, step, self.sampler.inputs.device_positions(), self.limits.block_size, parity)
         else:
-            num_reqs, num_tokens = step.num_reqs, step.num_tokens
-        buf.copy_to_device(num_reqs, num_tokens)
-        self.sampler.copy_to_device()
+            if step.advance is not None:  # (not the last step's layout: copied after all)
+                self._steady.write_host(self.batch, buf, step, self.limits.block_size)
+            if shape is not None:
+                buf.pad(step.num_reqs, step.num_tokens, num_logits, shape.num_reqs, shape.num_tokens)
+                self.sampler.pad(step.num_sample, shape.num_reqs)
+            buf.copy_to_device(num_reqs, num_tokens)
+            self.sampler.copy_to_device()
         return AttentionMetadata.from_buffers(buf, num_reqs, num_tokens, step.max_query_len,
                                               step.max_seq_len, num_sample=num_logits)
 

@@ -47,6 +47,7 @@ class PreparedStep:
     max_seq_len: int
     chunk_start: np.ndarray  # [B] int64: each row's first position in this step
     token_offset: np.ndarray  # [B] int64: each row's first token index in this step
+    advance: np.ndarray | None = None  # [3, G] a steady step moved on the device (steady.py): its gained blocks
 
     @property
     def num_sample(self) -> int:

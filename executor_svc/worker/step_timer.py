@@ -7,17 +7,38 @@ import time
 import torch
 
 
-class StepTimer:
-    """Wall-clock marks on CPU; CUDA events on GPU (the last one is the step's completion event),
-    recorded on `stream` (the runner's, looked up once: current_stream() costs host time)."""
+class EventPool:
+    """CUDA timing events made once and recorded again in turn: a step marks 3-5 of them, and
+    making and destroying 4 events a step cost host time on the launch path. SIZE events last
+    SIZE / 5 steps before one is recorded again, and an event is read at most two steps after
+    its own (a step's finish, and the next step's idle time): the runner keeps at most two
+    steps unfinished. blocking: events whose synchronize() sleeps until the device signals
+    (cudaEventBlockingSync) instead of spinning a core in the driver (--blocking-sync)."""
 
-    def __init__(self, device: torch.device, stream: torch.cuda.Stream | None):
-        self.cuda, self.stream = device.type == "cuda", stream
+    SIZE = 64
+
+    def __init__(self, blocking: bool = False):
+        self._events = [torch.cuda.Event(enable_timing=True, blocking=blocking) for _ in range(self.SIZE)]
+        self._next = 0
+
+    def take(self) -> torch.cuda.Event:
+        ev = self._events[self._next]
+        self._next = (self._next + 1) % self.SIZE
+        return ev
+
+
+class StepTimer:
+    """Wall-clock marks on CPU; CUDA events from `events` on GPU (the last one is the step's
+    completion event), recorded on `stream` (the runner's, looked up once: current_stream()
+    costs host time)."""
+
+    def __init__(self, events: EventPool | None, stream: torch.cuda.Stream | None):
+        self.cuda, self.stream, self.events = events is not None, stream, events
         self.marks = []
 
     def mark(self) -> None:
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
+            ev = self.events.take()
             ev.record(self.stream)
             self.marks.append(ev)
         else:

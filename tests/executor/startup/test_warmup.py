@@ -96,10 +96,11 @@ def test_sampling_paths_after_a_mixed_graph_a_decode_graph_and_an_eager_forward(
                             "grammar, processors"}
     assert "grammar" not in warmup_plans.sampling_classes(shapes(grammar=""))
     for sc in WarmupPlans(shapes()).sampling_scenarios():
-        (t1, b1, _), (t2, b2, _), (t3, b3, _) = steps([sc])
-        assert not runs_eager(t1, b1, DECODE, MIXED) and t2 == b2 and runs_eager(t3, b3, DECODE, MIXED)
+        (t1, b1, _), (t2, b2, _), (t3, b3, _), (t4, b4, _) = steps([sc])
+        assert not runs_eager(t1, b1, DECODE, MIXED) and t2 == b2 and runs_eager(t4, b4, DECODE, MIXED)
+        assert (t3, b3) == (t2, b2) and sc[2].cached_requests.req_ids == sc[1].cached_requests.req_ids  # steady
     without_graphs = WarmupPlans(shapes(decode_sizes=(), mixed_sizes=())).sampling_scenarios()
-    assert all(len(sc) == 2 for sc in without_graphs)  # every step is eager already
+    assert all(len(sc) == 3 for sc in without_graphs)  # every step is eager already
 
 
 def test_nothing_when_no_request_fits():

@@ -1,7 +1,10 @@
 """The steady decode step (worker/steady.py): a plan that repeats the last step's rows, one
 token each, writes only what moves; its tokens and every step buffer it hands the device equal
 the general path's, step for step, and anything else (or a check that fails) takes the
-general path, which refuses or fails rows as before."""
+general path, which refuses or fails rows as before. A third runner copies its inputs in the
+CUDA layout (one packed copy, on the CPU): its steady steps write nothing on the host and move
+the inputs on the "device" (kernels.decode_advance, the reference here; the Triton kernel is
+tested against it in tests/kernels/test_decode_advance.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import numpy as np
 import pytest
 
 from executor_svc.worker.plan_checks import PlanError
+from executor_svc.worker.step_buffers import StepBuffers
 from step_protocol.domain import CachedRequestData, NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import make_runner
 
@@ -17,12 +21,17 @@ BUFFERS = ("input_ids", "use_last", "src_rows", "positions", "slot_mapping", "se
 SAMPLER_COLUMNS = ("rows", "positions", "temperature", "top_k", "top_p", "seeds")
 
 
+from kernels import decode_advance as _advance  # noqa: E402 - the reference on CPU
+
+
 @pytest.fixture(scope="module")
 def runners(model_dirs):
-    """(steady on, steady off) over the same tiny model."""
-    on, off = (make_runner(model_dirs["tiny-llama"], block_size=4) for _ in range(2))
+    """(steady on, steady off, steady on with the CUDA layout's packed copy) over the same tiny model."""
+    on, off, packed = (make_runner(model_dirs["tiny-llama"], block_size=4) for _ in range(3))
     off._steady.enabled = False
-    return on, off
+    b = packed.buffers
+    packed.buffers = StepBuffers(b.max_num_seqs, b.max_num_tokens, packed.batch.max_blocks_per_seq, b.device, pack=True)
+    return on, off, packed
 
 
 class Scheduler:
@@ -73,22 +82,30 @@ class Scheduler:
             outs.append(runner.finish(handle))
             if took:
                 outs[-1].steady = took[-1].steady is not None
-        on, off = self.runners
+        on, off, packed = self.runners
         if outs[0].req_ids:  # the buffers each handed the device (CPU: the host arrays)
             b, t = len(outs[0].req_ids), len(outs[0].req_ids)
             for name in BUFFERS:
                 rows = b + 1 if name == "query_start_loc" else (b if name in ("seq_lens", "logits_indices", "block_tables") else t)
-                np.testing.assert_array_equal(getattr(on.buffers, name).np[:rows], getattr(off.buffers, name).np[:rows],
-                                              err_msg=f"step {self.step_id}: {name}")
+                want = getattr(off.buffers, name).np[:rows]
+                np.testing.assert_array_equal(getattr(on.buffers, name).np[:rows], want, err_msg=f"step {self.step_id}: {name}")
+                np.testing.assert_array_equal(getattr(packed.buffers, name).gpu[:rows].numpy(), want,
+                                              err_msg=f"step {self.step_id}: {name} (packed)")
             for name in SAMPLER_COLUMNS:  # the sampled rows' columns: a steady step moves the positions only
                 np.testing.assert_array_equal(getattr(on.sampler.inputs, name).np[:b],
                                               getattr(off.sampler.inputs, name).np[:b], err_msg=f"step {self.step_id}: {name}")
         self.steady.append(getattr(outs[0], "steady", False))
-        assert not getattr(outs[1], "steady", False)
-        return outs
+        assert not getattr(outs[1], "steady", False) and getattr(outs[2], "steady", False) == self.steady[-1]
+        assert outs[2].req_ids == outs[0].req_ids and outs[2].token_ids == outs[0].token_ids
+        assert outs[2].failed_req_ids == outs[0].failed_req_ids
+        return outs[:2]
 
 
-def test_steady_steps_equal_the_general_path_token_for_token(runners):
+def test_steady_steps_equal_the_general_path_token_for_token(runners, monkeypatch):
+    import kernels
+
+    advances = []
+    monkeypatch.setattr(kernels, "decode_advance", lambda *a: advances.append(a[5].shape[1]) or _advance(*a))
     for runner in runners:
         runner.reset()
     s = Scheduler(runners)
@@ -102,8 +119,14 @@ def test_steady_steps_equal_the_general_path_token_for_token(runners):
         assert on.req_ids == off.req_ids == ids and on.token_ids == off.token_ids
         for r, t in zip(on.req_ids, on.token_ids):
             tokens[r].append(t)
+        if i == 0:
+            blocks_after_general = sum(s.blocks.values())
     # the first decode step follows a prefill: general; every later one repeats it
     assert s.steady == [False, False] + [True] * 13
+    # the packed runner's 13 steady steps moved on the device, with every block the rows gained
+    assert len(advances) == 13 and sum(advances) == sum(s.blocks.values()) - blocks_after_general > 6
+    packed = runners[2].buffers  # and its host arrays wrote none of it (behind by 13 positions)
+    np.testing.assert_array_equal(packed.positions.gpu[:3].numpy() - packed.positions.np[:3], [13] * 3)
     held = runners[0].sampler.inputs._held  # the steady steps kept the sampler's columns under their key
     assert runners[0]._steady.key is not None and held[0] is not None and held[0][0] == runners[0]._steady.key
     s.step(cached=s.decode([1, 3]))  # request 2 sits out (its last token in flight): general
