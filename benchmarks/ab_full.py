@@ -2,7 +2,9 @@
 running its own code (its own benchmarks.harness): lent machines differ by 30% or more, so a
 change is measured against the previous commit in the same call and quoted as a ratio.
 
-    python benchmarks/ab_full.py OLD_TREE NEW_TREE [--rounds 2] [--json out.json]
+    python benchmarks/ab_full.py OLD_TREE NEW_TREE [--rounds 2] [--json out.json] [--new-args "--flag ..."]
+
+--new-args: executor flags of the new tree's runs only (OLD_TREE = NEW_TREE = . compares a flag).
 """
 
 from __future__ import annotations
@@ -16,20 +18,21 @@ from pathlib import Path
 
 # Run inside a tree: its own harness, workloads and services (stdout's last line is the JSON).
 ONE_RUN = """
-import json, sys, tempfile
+import json, os, sys, tempfile
 from pathlib import Path
 from benchmarks import workloads
 from benchmarks.harness import _full_system_run, model_path
 model = model_path("llama-1b")
 runs = {"w1": (workloads.w1(), 0.0), "w2": (workloads.w2(), 0.6), "w3": (workloads.w3(), 0.0)}
-out = _full_system_run(model, Path(tempfile.mkdtemp()), [], runs)
+extra = tuple(os.environ.get("AB_EXECUTOR_ARGS", "").split())
+out = _full_system_run(model, Path(tempfile.mkdtemp()), [], runs, executor_args=extra)
 print("ABRUN " + json.dumps(out))
 """
 
 
-def run_tree(tree: Path) -> dict:
+def run_tree(tree: Path, executor_args: str = "") -> dict:
     done = subprocess.run([sys.executable, "-c", ONE_RUN], cwd=tree, capture_output=True, text=True,
-                          timeout=600, env=_env(tree))
+                          timeout=600, env={**_env(tree), "AB_EXECUTOR_ARGS": executor_args})
     line = next((x for x in done.stdout.splitlines() if x.startswith("ABRUN ")), None)
     if line is None:
         return {"error": (done.stdout + done.stderr)[-800:]}
@@ -50,11 +53,12 @@ def main() -> None:
     p.add_argument("new", type=Path)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", type=Path)
+    p.add_argument("--new-args", default="", help="executor flags of the new tree's runs")
     args = p.parse_args()
     rows = []
     for round_ in range(args.rounds):
         for label, tree in (("old", args.old), ("new", args.new)):
-            r = run_tree(tree)
+            r = run_tree(tree, args.new_args if label == "new" else "")
             rows.append({"tree": label, "round": round_, **r})
             if "error" in r:
                 print(f"{label} round {round_}: failed\n{r['error']}", flush=True)
@@ -63,7 +67,9 @@ def main() -> None:
             print(f"AB {label} r{round_}: W1 TPOT {w1['tpot_ms']:.3f} ms (launch "
                   f"{w1['per_step'].get('executor_launch_us', 0):.0f} us, device {w1['per_step']['device_us']:.0f} us) "
                   f"| W2 {w2['tok_s']:,.0f} tok/s (launch {w2['per_step'].get('executor_launch_us', 0):.0f} us, "
-                  f"schedule {w2['per_step'].get('schedule_us', 0):.0f}, apply {w2['per_step'].get('apply_us', 0):.0f})",
+                  f"schedule {w2['per_step'].get('schedule_us', 0):.0f}, apply {w2['per_step'].get('apply_us', 0):.0f}) "
+                  f"| W3 {r['w3']['tok_s']:,.0f} tok/s (launch {r['w3']['per_step'].get('executor_launch_us', 0):.0f} us, "
+                  f"idle {r['w3']['per_step'].get('device_idle_us', 0):.0f} us)",
                   flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
