@@ -15,7 +15,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_same_device
 
 @triton.jit(do_not_specialize=["num_rows", "num_gained", "bt_stride"])
 def _decode_advance_kernel(pos_ptr, seq_ptr, slot_ptr, bt_ptr, samp_ptr, gained_ptr, num_rows, num_gained,
@@ -39,15 +38,15 @@ def _decode_advance_kernel(pos_ptr, seq_ptr, slot_ptr, bt_ptr, samp_ptr, gained_
 
 def decode_advance_triton(positions, seq_lens, slot_mapping, block_tables, sample_positions, gained,
                           num_rows: int, block_size: int, max_rows: int) -> None:
-    """kernels.decode_advance on CUDA tensors (the reference's contract)."""
+    """kernels.decode_advance on CUDA tensors (the reference's contract). On the launch path of
+    every steady step: the checks are the few that a wrong caller could pass unnoticed."""
     lanes = triton.next_power_of_2(max(max_rows, 16))
     if not (num_rows <= max_rows and gained.shape[1] <= lanes):
         raise ValueError(f"{num_rows} rows and {gained.shape[1]} gained blocks: at most {max_rows} and {lanes}")
-    check_same_device(positions=positions, seq_lens=seq_lens, slot_mapping=slot_mapping,
-                      block_tables=block_tables, gained=gained)
-    assert positions.dtype == slot_mapping.dtype == gained.dtype == torch.int64, "int64 positions, slots, gained"
-    assert seq_lens.dtype == block_tables.dtype == torch.int32, "int32 seq lens and block tables"
-    assert block_tables.stride(1) == 1 and gained.is_contiguous(), "row-major block tables, packed gained"
+    if not (positions.dtype == slot_mapping.dtype == gained.dtype == torch.int64
+            and seq_lens.dtype == block_tables.dtype == torch.int32 and block_tables.stride(1) == 1
+            and gained.is_contiguous()):
+        raise ValueError("int64 positions, slots and gained; int32 seq lens and row-major block tables")
     has_sample = sample_positions is not None
     _decode_advance_kernel[(1,)](
         positions, seq_lens, slot_mapping, block_tables, sample_positions if has_sample else positions, gained,
