@@ -62,12 +62,6 @@ class ExecutorConfig:
     # Serve without a token (any local process may drive the executor); refused otherwise.
     insecure_no_auth: bool = False
     enable_reflection: bool = False  # gRPC server reflection (off: it maps the internal API)
-    # wait for each step's completion event asleep (cudaEventBlockingSync) instead of spinning a
-    # core in the driver (worker/step_timer.py)
-    blocking_sync: bool = False
-    # finish each step (wait for it, read its ids) on the thread that launches steps, not a second
-    # thread (service/pipeline.py): one thread runs the runner's Python
-    finish_on_step_thread: bool = False
     # ranks of one executor (parallel/): this process is rank 0 and starts ranks 1..N-1, one
     # device each (cuda:rank); 1 = the single-device path
     tensor_parallel_size: int = 1
@@ -108,7 +102,6 @@ class ExecutorConfig:
             max_logprobs=ns.max_logprobs, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
             internal_token=token_or_file(ns.internal_token, ns.internal_token_file),
             insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
-            blocking_sync=ns.blocking_sync, finish_on_step_thread=ns.finish_on_step_thread,
             tensor_parallel_size=ns.tensor_parallel_size,
             speculative_model=ns.speculative_config[0], num_speculative_tokens=ns.speculative_config[1],
         )
@@ -240,10 +233,6 @@ def _parser() -> argparse.ArgumentParser:
     switch(p, "insecure-no-auth", "serve without an internal token: any process that reaches the "
            "port can reset the executor and send it plans")
     switch(p, "enable-reflection", "serve gRPC server reflection")
-    switch(p, "blocking-sync", "wait for each step's completion asleep (a blocking-sync CUDA event) "
-           "instead of spinning a CPU core")
-    switch(p, "finish-on-step-thread", "finish steps on the thread that launches them (one Python "
-           "thread runs the model runner) instead of a second thread")
     return p
 
 

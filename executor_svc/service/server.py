@@ -44,10 +44,7 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             pass
     worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-step")
-    # --finish-on-step-thread: steps are finished on the thread that launches them (one thread
-    # runs the runner's Python: no GIL handoff between two), else on their own (pipeline.py)
-    waiter = worker if config.finish_on_step_thread else ThreadPoolExecutor(max_workers=1,
-                                                                           thread_name_prefix="executor-wait")
+    waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-wait")
     t0 = time.perf_counter()
     build = build_runner
     if config.tensor_parallel_size > 1:  # this process is rank 0 and starts the others

@@ -113,8 +113,7 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE, workers=No
         from executor_svc.parallel.ranks import TensorParallelRanks
 
         ranks = TensorParallelRanks(tp, workers)
-    runner = ModelRunner(model, kv_caches, batch, buffers, sampler, limits, info, graphs, drafter, ranks,
-                         blocking_sync=config.blocking_sync)
+    runner = ModelRunner(model, kv_caches, batch, buffers, sampler, limits, info, graphs, drafter, ranks)
     if tp.size == 1:  # with more ranks, rank 0 warms them all up once they serve (parallel/launch.py)
         warmup.warm_up(runner)
     return runner

@@ -150,14 +150,16 @@ class WarmupPlans:
 
     # ---- the sampler's paths ----------------------------------------------------------------
     def sampling_scenarios(self) -> list[list[StepPlan]]:
-        """Per sampling class: short prompts (a mixed graph), two decode steps (a decode graph
-        and the sampler's graphs; the second a steady step: worker/steady.py, its advance on the
-        device), then new prompts of the class beside those decodes, eager."""
+        """Per sampling class: short prompts (a mixed graph), a decode step (a decode graph and
+        the sampler's graphs) and, without a grammar, a second one (a steady step: worker/steady.py,
+        its advance on the device), then new prompts of the class beside those decodes, eager."""
         s, lo = self.shapes, self.shapes.eager_tokens()
         out = []
         for params in sampling_classes(s).values():
             first = self.news([3 + i for i in range(len(params))], params)
-            plans = [self.plan(first), self.plan(cached=decode_rows(first)), self.plan(cached=decode_rows(first))]
+            plans = [self.plan(first), self.plan(cached=decode_rows(first))]
+            if not any(p.grammar for p in params):  # (a grammar row's tokens must not complete it)
+                plans.append(self.plan(cached=decode_rows(first)))  # steady: worker/steady.py
             new_tokens = lo - len(first)
             b = self.fewest_reqs(new_tokens)
             if s.mixed_sizes and lo <= s.max_num_tokens and len(first) + b <= s.max_num_seqs:

@@ -38,13 +38,12 @@ class ModelRunner:
     KV caches, the persistent request rows (batch), the static step buffers, the sampler and,
     on CUDA, the captured graphs (None = always eager). `info` is the handshake answer.
     drafter: speculative decoding's draft model (spec_decode/draft.py), None without one;
-    ranks: the other devices of each step (worker/ranks.py); blocking_sync: the steps' completion
-    events sleep rather than spin (worker/step_timer.py)."""
+    ranks: the other devices of each step (worker/ranks.py)."""
 
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[KVCache], batch: InputBatch,
                  buffers: StepBuffers, sampler: Sampler, limits: StepLimits, info: ExecutorInfo,
                  graphs: GraphRunner | None = None, drafter: DraftProposer | None = None,
-                 ranks=None, blocking_sync: bool = False):
+                 ranks=None):
         self.model, self.kv_caches, self.batch, self.buffers = model, kv_caches, batch, buffers
         self.sampler, self.limits, self._info, self.graphs = sampler, limits, info, graphs
         self.drafter, self.ranks = drafter, ranks if ranks is not None else OneDevice()
@@ -56,7 +55,7 @@ class ModelRunner:
         self._last_timer: StepTimer | None = None  # of the last launched step (its last mark: its completion)
         cuda = self.device.type == "cuda"
         self._stream = torch.cuda.current_stream(self.device) if cuda else None  # every step's
-        self._events = EventPool(blocking_sync) if cuda else None  # every step's marks
+        self._events = EventPool() if cuda else None  # every step's marks
         self._deferred = DeferredSampling(sampler, self._take_failures)  # constrained steps'
         self._steady = SteadyDecode(self.ranks.alone, limits.max_num_seqs, self.device)  # the last step's rows again
 

@@ -12,13 +12,13 @@ class EventPool:
     making and destroying 4 events a step cost host time on the launch path. SIZE events last
     SIZE / 5 steps before one is recorded again, and an event is read at most two steps after
     its own (a step's finish, and the next step's idle time): the runner keeps at most two
-    steps unfinished. blocking: events whose synchronize() sleeps until the device signals
-    (cudaEventBlockingSync) instead of spinning a core in the driver (--blocking-sync)."""
+    steps unfinished. (Events that sleep in synchronize(), cudaEventBlockingSync, were measured:
+    no gain; docs/benchmarks.md, Runs V.)"""
 
     SIZE = 64
 
-    def __init__(self, blocking: bool = False):
-        self._events = [torch.cuda.Event(enable_timing=True, blocking=blocking) for _ in range(self.SIZE)]
+    def __init__(self):
+        self._events = [torch.cuda.Event(enable_timing=True) for _ in range(self.SIZE)]
         self._next = 0
 
     def take(self) -> torch.cuda.Event:

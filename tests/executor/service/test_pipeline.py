@@ -125,11 +125,10 @@ def _key(r: pb.StepResult):
     return r.step_id, list(r.req_ids), list(r.token_ids), r.error.split(":")[0], list(r.failed_req_ids)
 
 
-async def _over_grpc(runner, plans, ahead: int, one_thread: bool = False) -> list[pb.StepResult]:
-    """one_thread: steps are finished on the thread that launches them (--finish-on-step-thread)."""
+async def _over_grpc(runner, plans, ahead: int) -> list[pb.StepResult]:
     worker = ThreadPoolExecutor(1)
     server = grpc.aio.server()
-    pb_grpc.add_ExecutorServicer_to_server(ExecutorServicer(runner, worker, worker if one_thread else None), server)
+    pb_grpc.add_ExecutorServicer_to_server(ExecutorServicer(runner, worker), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
@@ -152,8 +151,7 @@ async def _over_grpc(runner, plans, ahead: int, one_thread: bool = False) -> lis
         worker.shutdown()
 
 
-@pytest.mark.parametrize("one_thread", [False, True])
-def test_execute_two_ahead_and_one_at_a_time_equal_sequential(runner, one_thread):
+def test_execute_two_ahead_and_one_at_a_time_equal_sequential(runner):
     plans = _plans()
     runner.reset()
     expected = []
@@ -165,7 +163,7 @@ def test_execute_two_ahead_and_one_at_a_time_equal_sequential(runner, one_thread
     runner.reset()
     assert expected[4].error and list(expected[5].failed_req_ids) == [42] and expected[1].token_ids
     for ahead in (2, 1, 2):
-        got = asyncio.run(asyncio.wait_for(_over_grpc(runner, plans, ahead, one_thread), TIMEOUT))
+        got = asyncio.run(asyncio.wait_for(_over_grpc(runner, plans, ahead), TIMEOUT))
         assert [_key(r) for r in got] == [_key(r) for r in expected], ahead
 
 
