@@ -69,3 +69,19 @@ def test_the_kernel_matches_the_reference(seed, rows, padded, num_gained, block_
     for k, v in ref.items():
         if isinstance(v, torch.Tensor):
             assert dev[k].dtype == v.dtype and torch.equal(dev[k].cpu(), v), k
+
+
+@TRITON_MARKS[0]
+@TRITON_MARKS[1]
+def test_the_kernel_refuses_more_rows_or_blocks_than_its_lanes():
+    from kernels.decode_step import decode_advance_triton
+
+    c = _clone(_case(8, rows=20, padded=24, num_gained=0, block_size=16), DEVICE)
+    with pytest.raises(ValueError, match="at most 16"):  # more rows than max_rows
+        decode_advance_triton(**c, max_rows=16)
+    c["gained"] = torch.zeros(3, 33, dtype=torch.int64, device=DEVICE)  # more blocks than the 32 lanes
+    with pytest.raises(ValueError, match="at most 20 and 32"):
+        decode_advance_triton(**c, max_rows=20)
+    c["seq_lens"] = c["seq_lens"].long()
+    with pytest.raises(ValueError, match="int32 seq lens"):
+        decode_advance_triton(**{**c, "gained": torch.zeros(3, 0, dtype=torch.int64, device=DEVICE)}, max_rows=20)
