@@ -144,12 +144,12 @@ class SteadyDecode:
                    gained: np.ndarray | None = None) -> None:
         """Writes the steady `step`'s moving inputs into the host arrays: positions, seq lens,
         slots and the block tables of the rows that gained a block (`gained`; every row's when
-        the host is behind the device, or `gained` is None)."""
+        the host is behind the device, as it is when a step prepared on the device is copied)."""
         rows, b, start = self._rows, step.num_reqs, step.chunk_start
-        if self._host_behind or gained is None:
+        if self._host_behind:
             buf.block_tables.np[:b] = batch.block_table[rows]
             self._host_behind = False
-        elif len(gained):
+        elif gained is not None and len(gained):
             buf.block_tables.np[gained] = batch.block_table[rows[gained]]
         buf.positions.np[:b] = start
         buf.seq_lens.np[:b] = step.sample_positions

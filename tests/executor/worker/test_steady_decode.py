@@ -127,6 +127,9 @@ def test_steady_steps_equal_the_general_path_token_for_token(runners, monkeypatc
     assert len(advances) == 13 and sum(advances) == sum(s.blocks.values()) - blocks_after_general > 6
     packed = runners[2].buffers  # and its host arrays wrote none of it (behind by 13 positions)
     np.testing.assert_array_equal(packed.positions.gpu[:3].numpy() - packed.positions.np[:3], [13] * 3)
+    packed.packed.last = None  # the device holds another layout: the steady step is copied after all
+    on, off = s.step(cached=s.decode(ids))  # (Scheduler.step compares what the packed runner's "device" holds)
+    assert s.steady[-1] and len(advances) == 13 and on.token_ids == off.token_ids
     held = runners[0].sampler.inputs._held  # the steady steps kept the sampler's columns under their key
     assert runners[0]._steady.key is not None and held[0] is not None and held[0][0] == runners[0]._steady.key
     s.step(cached=s.decode([1, 3]))  # request 2 sits out (its last token in flight): general
