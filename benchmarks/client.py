@@ -21,6 +21,7 @@ class LoadResult:
     wall_s: float
     tpot_ms_median: float  # median over requests of (last - first token time) / (tokens - 1)
     ttft_ms_median: float
+    ttft_ms_p90: float = 0.0  # how long the last requests waited to be admitted (the intake)
 
     @property
     def tokens_per_s(self) -> float:
@@ -53,6 +54,7 @@ async def run_load(address: str, workload: Workload, temperature: float = 0.0) -
         num_requests=len(workload), output_tokens=sum(c for c, _, _ in results), wall_s=wall,
         tpot_ms_median=1e3 * statistics.median(t for _, _, t in results),
         ttft_ms_median=1e3 * statistics.median(t for _, t, _ in results),
+        ttft_ms_p90=1e3 * sorted(t for _, t, _ in results)[int(0.9 * (len(results) - 1))],
     )
 
 

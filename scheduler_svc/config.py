@@ -44,6 +44,9 @@ class SchedulerConfig:
     # Tokens per streamed message (the last message may hold fewer); 1 = every step's token.
     # Larger values cut the per-message cost of many concurrent streams.
     stream_interval: int = 1
+    # While the API process's event loop lags (api/stream_pacing.py), each stream writes at most
+    # one message per pacing gap, which grows up to this many ms; 0 = never paced.
+    stream_pacing_ms: float = 50.0
     # A client that stops reading its stream (docs/hardening.md, "Slow consumers"): once its RPC
     # has been stuck in one write (the client's transport window is full) for more than a
     # second with more than this many tokens a sample queued unread, or for more than
@@ -160,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per streamed message: every message but the last carries at least "
                         "this many (more when the client falls behind and queued tokens fold into "
                         "one message); 1 = every token as soon as it is sampled")
+    p.add_argument("--stream-pacing-ms", type=float, default=_env("STREAM_PACING_MS", d.stream_pacing_ms),
+                   help="while this process falls behind its streams (its event loop lags over "
+                        "1 ms), each stream writes at most one message per pacing gap, which "
+                        "grows up to this many ms; the tokens in between fold into the next "
+                        "message (the last is never held); 0 = every token written as it comes")
     p.add_argument("--max-stream-backlog", type=int,
                    default=_env("MAX_STREAM_BACKLOG", d.max_stream_backlog),
                    help="tokens a stream may hold unread (a sample, once its writes have been "
@@ -265,6 +273,8 @@ def from_args(argv: list[str] | None = None) -> SchedulerConfig:
     """Parses flags (environment variables LLMSERVE_SCHEDULER_<FLAG> give the defaults)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not 0 <= args.stream_pacing_ms <= 1000:
+        parser.error(f"--stream-pacing-ms must be in [0, 1000], got {args.stream_pacing_ms:g}")
     for name in ("responses_store_max_entries", "responses_store_max_bytes"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0 (0 = no responses kept)")

@@ -3,7 +3,8 @@
 The scheduler core and the executor stream run in their own process (engine/core_process.py); this
 side admits and aborts requests over a framed channel (scheduler_svc/pipe.py) and fans each
 step's outputs out to the request streams. A stream that falls behind gets its queued outputs
-folded into fewer messages; one whose client stopped reading (its RPC stuck in one write with
+folded into fewer messages, and so does every stream while this process falls behind
+(api/stream_pacing.py); one whose client stopped reading (its RPC stuck in one write with
 more than --max-stream-backlog tokens queued, or for more than --max-stream-stall seconds) has
 its request aborted, so that it no longer holds a slot and KV blocks.
 """
@@ -16,6 +17,7 @@ import time
 from collections.abc import AsyncIterator
 
 from scheduler_svc.api.core_process_handle import CoreProcess, CoreStartError, RestartPolicy  # noqa: F401
+from scheduler_svc.api.stream_pacing import Pacer, fold, merge_ready
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import SamplingParams
@@ -66,6 +68,8 @@ class EngineClient:
         self._channel: Channel | None = None
         self._core: CoreProcess | None = None  # the core process now (api/core_process_handle.py)
         self._reader: asyncio.Task | None = None  # reads its outputs; restarts it when it dies
+        self.pacer = Pacer(config.stream_pacing_ms / 1e3)
+        self._pacing: asyncio.Task | None = None  # the pacer's lag watch (None: --stream-pacing-ms 0)
         self.info: ExecutorInfo | None = None
         self.stats = CoreStats()  # as of the core's last message
         self.restarting = False  # the core died and a new one is starting: requests get UNAVAILABLE
@@ -79,14 +83,17 @@ class EngineClient:
         self.info = await self._core.start()
         self._channel = self._core.channel
         self._reader = asyncio.create_task(self._read_outputs())
+        if self.pacer.max_gap > 0:
+            self._pacing = asyncio.create_task(self.pacer.run(lambda: bool(self._streams)))
         return self.info
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Closes the channel (the core stops on EOF) and waits for the core process to exit;
         kills it after `timeout` seconds. Also ends a restart in progress."""
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+        for task in (self._reader, self._pacing):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._core is not None:
             await self._core.stop(timeout)
 
@@ -147,8 +154,10 @@ class EngineClient:
         stream = _Stream(ids)
         for i in ids:  # before any await: no output can be missed
             self._streams[i] = stream
+        self.pacer.streams_started()
         pending: dict[int, RequestOutput] = {}  # per sample, until stream_interval tokens are ready
         failed = False  # ended by an error of the server (not the client leaving)
+        last_write = 0.0  # when this stream last yielded a message
         try:
             try:
                 await self._channel.drain()  # admission waits while the core is far behind
@@ -161,20 +170,22 @@ class EngineClient:
                 finally:
                     stream.reading = False
                     stream.last_read = time.monotonic()
-                items = _merge_ready(item, stream.queue)
+                items = merge_ready(item, stream.queue)
                 if isinstance(items, RequestError):
                     failed = not stream.aborted
                     raise items
+                hold = stream.last_read - last_write < self.pacer.gap  # (api/stream_pacing.py)
                 for out in items:
                     stream.num_queued_tokens -= len(out.new_token_ids)
                     out.index = out.req_id - req_id
                     earlier = pending.pop(out.req_id, None)
-                    out = out if earlier is None else _fold(earlier, out)
+                    out = out if earlier is None else fold(earlier, out)
                     if out.finish_reason is not None:
                         stream.live.discard(out.req_id)
-                    elif len(out.new_token_ids) < self._stream_interval:
+                    elif hold or len(out.new_token_ids) < self._stream_interval:
                         pending[out.req_id] = out
                         continue
+                    last_write = stream.last_read
                     yield out
         finally:
             for i in ids:
@@ -271,30 +282,3 @@ class EngineClient:
         for i in sorted(stream.live):
             self._send_abort(i)
 
-
-def _fold(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
-    """One output carrying both (of one sample): the later one's state, both ones' tokens,
-    text and logprobs (still aligned with the tokens), the earlier one's prompt logprobs."""
-    later.new_token_ids = earlier.new_token_ids + later.new_token_ids
-    later.new_text = earlier.new_text + later.new_text
-    if earlier.logprobs is not None:
-        later.logprobs = earlier.logprobs + (later.logprobs or [])
-    if earlier.prompt_logprobs is not None:
-        later.prompt_logprobs = earlier.prompt_logprobs
-    return later
-
-
-def _merge_ready(item, queue: asyncio.Queue) -> list[RequestOutput] | RequestError:
-    """Folds outputs already queued behind `item` into one per sample, in the order the
-    samples first appear: when the stream falls behind the steps, the client gets fewer,
-    larger messages instead of a growing backlog. A queued error wins."""
-    if isinstance(item, RequestError):
-        return item
-    merged = {item.req_id: item}
-    while not queue.empty():
-        nxt = queue.get_nowait()
-        if isinstance(nxt, RequestError):
-            return nxt
-        earlier = merged.get(nxt.req_id)
-        merged[nxt.req_id] = nxt if earlier is None else _fold(earlier, nxt)
-    return list(merged.values())

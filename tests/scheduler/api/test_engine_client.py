@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from scheduler_svc.api.engine_client import EngineClient, _merge_ready
+from scheduler_svc.api.engine_client import EngineClient
+from scheduler_svc.api.stream_pacing import merge_ready as _merge_ready
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import FinishReason, SamplingParams
@@ -112,6 +113,29 @@ def test_stream_interval_holds_each_sample_on_its_own():
         msg = await task
         assert (msg.index, msg.new_token_ids) == (1, [5, 6])
         await gen.aclose()
+    asyncio.run(main())
+
+
+def test_a_paced_stream_folds_its_tokens_until_the_gap_has_passed_and_never_holds_the_last():
+    async def main():
+        c, _ = client()
+        gen = c.generate([1], SamplingParams(max_tokens=5))
+        first = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0)
+        c._deliver(1, out(1, 1))
+        assert (await first).new_token_ids == [1]  # no gap: written as it comes
+        c.pacer.gap = 3600.0  # this process falls behind: one message an hour
+        task = asyncio.ensure_future(gen.__anext__())
+        for token in (2, 3):
+            c._deliver(1, out(1, token))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert not task.done()  # held: the stream wrote less than a gap ago
+        c._deliver(1, out(1, 4, finished=True))  # the last message goes out at once
+        msg = await task
+        assert (msg.new_token_ids, msg.new_text, msg.finished) == ([2, 3, 4], "cde", True)
+        with pytest.raises(StopAsyncIteration):
+            await gen.__anext__()
     asyncio.run(main())
 
 
