@@ -116,8 +116,19 @@ class WarmupPlans:
         s = self.shapes
         if s.max_tokens_per_req < 2:
             return []
-        return [*self.size_scenarios(), *self.decode_scenarios(), *self.sampling_scenarios(),
-                self.prompt_scenario(), *self.verify_scenarios()]
+        every = [*self.size_scenarios(), *self.decode_scenarios(), *self.sampling_scenarios(),
+                 self.prompt_scenario(), *self.verify_scenarios()]
+        return [kept for plans in every if (kept := self.within_max_num_seqs(plans))]
+
+    def within_max_num_seqs(self, plans: list[StepPlan]) -> list[StepPlan]:
+        """The scenario's plans up to the first that would hold more than max_num_seqs requests
+        (no warm-up request finishes: each plan's new requests add up)."""
+        running: set[int] = set()
+        for i, plan in enumerate(plans):
+            running.update(n.req_id for n in plan.new_requests)
+            if len(running) > self.shapes.max_num_seqs:
+                return plans[:i]
+        return plans
 
     # ---- eager forwards -------------------------------------------------------------------
     def size_scenarios(self) -> list[list[StepPlan]]:
@@ -152,10 +163,13 @@ class WarmupPlans:
     def sampling_scenarios(self) -> list[list[StepPlan]]:
         """Per sampling class: short prompts (a mixed graph), a decode step (a decode graph and
         the sampler's graphs) and, without a grammar, a second one (a steady step: worker/steady.py,
-        its advance on the device), then new prompts of the class beside those decodes, eager."""
+        its advance on the device), then new prompts of the class beside those decodes, eager.
+        A class of more rows than max_num_seqs runs as several scenarios."""
         s, lo = self.shapes, self.shapes.eager_tokens()
         out = []
-        for params in sampling_classes(s).values():
+        groups = [params[i:i + s.max_num_seqs] for params in sampling_classes(s).values()  # (--max-num-seqs 1)
+                  for i in range(0, len(params), s.max_num_seqs)]
+        for params in groups:
             first = self.news([3 + i for i in range(len(params))], params)
             plans = [self.plan(first), self.plan(cached=decode_rows(first))]
             if not any(p.grammar for p in params):  # (a grammar row's tokens must not complete it)

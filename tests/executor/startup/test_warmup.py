@@ -116,10 +116,23 @@ def test_warm_up_runs_on_cpu_only_when_asked(model_dirs, monkeypatch):
     warmup.warm_up(runner)  # a no-op
 
 
-@pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen3"])
-def test_every_plan_runs_through_a_real_runner_without_a_failed_row(model_dirs, arch, caplog):
+@pytest.mark.parametrize("max_num_seqs", [1, 2, 3, 64])
+def test_no_scenario_holds_more_requests_than_max_num_seqs(max_num_seqs):
+    """A sampling class of two rows used to warm up as one step: --max-num-seqs 1 failed at
+    start on CUDA (`2 scheduled requests > max_num_seqs 1`). No warm-up request finishes, so
+    a scenario's new requests add up; every sampling row is still warmed."""
+    s = shapes(max_num_seqs=max_num_seqs, decode_sizes=tuple(d for d in DECODE if d <= max_num_seqs))
+    scenarios = WarmupPlans(s).scenarios()
+    most = max(len({n.req_id for p in sc for n in p.new_requests}) for sc in scenarios)
+    assert most == min(max_num_seqs, 64 if max_num_seqs == 64 else 3)
+    warmed = {n.sampler_params for sc in scenarios for p in sc for n in p.new_requests}
+    assert warmed >= {q for params in warmup_plans.sampling_classes(s).values() for q in params}
+
+
+@pytest.mark.parametrize("arch,max_num_seqs", [("tiny-llama", 24), ("tiny-qwen3", 24), ("tiny-llama", 1)])
+def test_every_plan_runs_through_a_real_runner_without_a_failed_row(model_dirs, arch, max_num_seqs, caplog):
     """All eager on CPU: every plan passes the runner's checks and paths (grammar included)."""
-    runner = make_runner(model_dirs[arch], max_num_seqs=24, max_num_batched_tokens=300,
+    runner = make_runner(model_dirs[arch], max_num_seqs=max_num_seqs, max_num_batched_tokens=300,
                          num_kv_blocks=40)
     shapes_ = warmup.shapes_of(runner)
     assert shapes_.grammar and shapes_.decode_key is None and shapes_.max_tokens_per_req == 512 - 8  # max_model_len (39 blocks hold more)
