@@ -3,7 +3,8 @@ prefix and a model_name label (docs/metrics.md lists them; deploy/grafana has a 
 
 One Metrics object per API process (server.py makes it), with its own CollectorRegistry: the
 request metrics are observed here as the engine client sees each request's events (arrival,
-first scheduled, each output, finish: a few additions and dictionary look-ups per output); the
+first scheduled, each output, finish: a few additions and dictionary look-ups per output, the
+inter-token gaps of a message in one batch, metrics_hist.py); the
 load and executor figures are read at scrape time from the engine core's snapshot
 (metrics_engine.py). render() gives the exposition text for any HTTP server; serve() starts
 prometheus_client's own server for --metrics-port. The per-request log line is access_log.py's.
@@ -17,6 +18,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                generate_latest, start_http_server)
 
 from scheduler_svc.api.metrics_engine import EngineCollector
+from scheduler_svc.api.metrics_hist import BatchHistogram
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import FinishReason
 
@@ -86,9 +88,12 @@ class Metrics:
                           ["model_name", "finished_reason"], registry=r)
         self.success = {k: success.labels(model_name, k) for k in ("stop", "length", ABORT, ERROR)}
         self.ttft = hist("time_to_first_token_seconds", "Time to first token", TTFT_BUCKETS)
-        self.itl = hist("inter_token_latency_seconds", "Time between consecutive outputs", ITL_BUCKETS)
-        self.tpot = hist("time_per_output_token_seconds", "Time per output token (the same "
-                         "observations as inter_token_latency_seconds; vLLM's older name)", ITL_BUCKETS)
+        self.gaps = BatchHistogram([  # (one per output after the first: metrics_hist.py)
+            (P + "inter_token_latency_seconds", "Time between consecutive outputs"),
+            (P + "time_per_output_token_seconds", "Time per output token (the same observations as "
+                                                  "inter_token_latency_seconds; vLLM's older name)")],
+            ITL_BUCKETS, model_name)
+        r.register(self.gaps)
         self.e2e = hist("e2e_request_latency_seconds", "End-to-end request latency",
                         REQUEST_LATENCY_BUCKETS)
         self.queue = hist("request_queue_time_seconds", "Time from arrival to first scheduled",
@@ -139,8 +144,7 @@ class Metrics:
         once per message, the latency histograms observe each output as output() would."""
         if not self._bound:
             return  # (nothing arrived: no request is known)
-        requests, num_generated = self._requests, 0
-        itl, tpot = self.itl.observe, self.tpot.observe
+        requests, num_generated, gaps = self._requests, 0, []
         for o in outs:
             r = requests.get(o.req_id)
             if r is None:
@@ -152,8 +156,7 @@ class Metrics:
                     self.ttft.observe(now - r.arrival)
                     self.prompt_tokens.inc(r.num_prompt)
                 else:
-                    itl(now - r.last)
-                    tpot(now - r.last)
+                    gaps.append(now - r.last)
                 r.last = now
                 r.num_gen += n
                 num_generated += n
@@ -161,6 +164,7 @@ class Metrics:
                 self._finish(o.req_id, FINISHED_REASON[o.finish_reason], now)
         if num_generated:
             self.generation_tokens.inc(num_generated)
+            self.gaps.observe_many(gaps)
 
     def ended(self, req_id: int, failed: bool, now: float) -> None:
         """A request that ended without a finishing output (cancelled, aborted, failed)."""

@@ -122,3 +122,42 @@ def test_stats_line_only_after_activity():
     assert line.startswith("Avg prompt throughput: ") and "Avg generation throughput: " in line
     stats.num_running = 0
     assert logger.line() is None
+
+
+def test_the_batched_gap_histogram_exposes_what_prometheus_client_would_under_both_names():
+    import random
+
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from scheduler_svc.api.metrics import ITL_BUCKETS
+    from scheduler_svc.api.metrics_hist import BatchHistogram
+
+    rng = random.Random(5)
+    values = [rng.choice([0.0, 0.01, 0.3, 80.0, 81.0]) if i % 3 == 0 else rng.expovariate(4.0) for i in range(500)]
+    ref_registry, ours = CollectorRegistry(), CollectorRegistry()
+    ref = Histogram("x", "d", ["model_name"], registry=ref_registry, buckets=ITL_BUCKETS).labels("m")
+    for v in values:
+        ref.observe(v)
+    hist = BatchHistogram([("x", "d"), ("y", "d")], ITL_BUCKETS, "m")
+    ours.register(hist)
+    hist.observe_many(values[:123])
+    hist.observe_many([])
+    hist.observe_many(values[123:])
+
+    def samples(registry, name):
+        return {(s.name.replace(name, "x"), tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(generate(registry)) for s in f.samples
+                if s.name.startswith(name) and not s.name.endswith("_created")}
+
+    from prometheus_client import generate_latest
+
+    def generate(registry):
+        return generate_latest(registry).decode()
+
+    want = samples(ref_registry, "x")
+    assert len(want) == len(ITL_BUCKETS) + 3  # the buckets, +Inf, _count, _sum
+    for name in ("x", "y"):
+        got = samples(ours, name)
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            assert abs(got[key] - value) <= 1e-9 * max(1.0, abs(value)), key
