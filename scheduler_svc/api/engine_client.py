@@ -40,7 +40,7 @@ class _Stream:
     """One client request's outputs (of all its samples) not yet taken by its RPC, and how
     many tokens they hold."""
 
-    __slots__ = ("queue", "num_queued_tokens", "aborted", "reading", "last_read", "live")
+    __slots__ = ("queue", "num_queued_tokens", "aborted", "reading", "last_read", "live", "held", "last_write")
 
     def __init__(self, req_ids: range):
         self.queue: asyncio.Queue = asyncio.Queue()  # bounded: see _too_slow
@@ -51,6 +51,8 @@ class _Stream:
         # outputs a burst (after a stall of this process) has just queued for it.
         self.reading = False
         self.last_read = time.monotonic()  # when the RPC last took outputs (its last write ended)
+        self.held: list[RequestOutput] = []  # paced: outputs not queued yet (api/stream_pacing.py)
+        self.last_write = 0.0  # when the RPC last yielded a message
 
 
 class EngineClient:
@@ -157,7 +159,6 @@ class EngineClient:
         self.pacer.streams_started()
         pending: dict[int, RequestOutput] = {}  # per sample, until stream_interval tokens are ready
         failed = False  # ended by an error of the server (not the client leaving)
-        last_write = 0.0  # when this stream last yielded a message
         try:
             try:
                 await self._channel.drain()  # admission waits while the core is far behind
@@ -174,7 +175,6 @@ class EngineClient:
                 if isinstance(items, RequestError):
                     failed = not stream.aborted
                     raise items
-                hold = stream.last_read - last_write < self.pacer.gap  # (api/stream_pacing.py)
                 for out in items:
                     stream.num_queued_tokens -= len(out.new_token_ids)
                     out.index = out.req_id - req_id
@@ -182,10 +182,10 @@ class EngineClient:
                     out = out if earlier is None else fold(earlier, out)
                     if out.finish_reason is not None:
                         stream.live.discard(out.req_id)
-                    elif hold or len(out.new_token_ids) < self._stream_interval:
+                    elif len(out.new_token_ids) < self._stream_interval:
                         pending[out.req_id] = out
                         continue
-                    last_write = stream.last_read
+                    stream.last_write = stream.last_read
                     yield out
         finally:
             for i in ids:
@@ -251,9 +251,17 @@ class EngineClient:
                 self._resumed_at = now
             self._last_delivery = now
             stream.num_queued_tokens += len(item.new_token_ids)
-            if item.finish_reason is None and not stream.reading and self._too_slow(stream, now):
-                self._abort_slow_stream(req_id, stream)
-                return
+            if item.finish_reason is None:
+                if not stream.reading and self._too_slow(stream, now):
+                    self._abort_slow_stream(req_id, stream)
+                    return
+                if now - stream.last_write < self.pacer.gap:  # paced: held, its RPC not woken
+                    stream.held.append(item)
+                    return
+            if stream.held:  # (they fold into this one message: merge_ready)
+                for held in stream.held:
+                    stream.queue.put_nowait(held)
+                stream.held.clear()
         stream.queue.put_nowait(item)
 
     def _too_slow(self, stream: _Stream, now: float) -> bool:
@@ -276,6 +284,7 @@ class EngineClient:
         message = f"the client read too slowly: {why}, so the request was aborted"
         while not stream.queue.empty():
             stream.queue.get_nowait()
+        stream.held.clear()
         stream.aborted = True
         stream.num_queued_tokens = 0
         stream.queue.put_nowait(RequestError("RESOURCE_EXHAUSTED", message))

@@ -10,9 +10,10 @@ requests trickles in one per turn. Measured on W3 against a 1.5 ms fake executor
 
 The Pacer measures the loop's lag (how late a 5 ms sleep wakes) while streams exist. While the
 lag exceeds LAG_LIMIT_S, the pacing gap doubles (up to --stream-pacing-ms); while it does not,
-the gap halves down to zero. A stream writes at most one message a gap: the tokens it gets in
-between fold into its next message (its last message is never held). An idle loop (W1, a few
-streams) has no lag and no gap: every token goes out as soon as it comes.
+the gap halves down to zero. A stream writes at most one message a gap: the outputs it gets in
+between are held by the engine client's fan-out (its RPC is not even woken for them) and fold
+into its next message; its last output is never held. An idle loop (W1, a few streams) has no
+lag and no gap: every token goes out as soon as it comes.
 """
 
 from __future__ import annotations

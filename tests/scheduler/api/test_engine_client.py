@@ -131,6 +131,8 @@ def test_a_paced_stream_folds_its_tokens_until_the_gap_has_passed_and_never_hold
             await asyncio.sleep(0)
             await asyncio.sleep(0)
             assert not task.done()  # held: the stream wrote less than a gap ago
+        stream = c._streams[1]
+        assert stream.queue.empty() and len(stream.held) == 2  # held back: its RPC not even woken
         c._deliver(1, out(1, 4, finished=True))  # the last message goes out at once
         msg = await task
         assert (msg.new_token_ids, msg.new_text, msg.finished) == ([2, 3, 4], "cde", True)
