@@ -75,6 +75,7 @@ class EngineClient:
         self.info: ExecutorInfo | None = None
         self.stats = CoreStats()  # as of the core's last message
         self.restarting = False  # the core died and a new one is starting: requests get UNAVAILABLE
+        self.num_restarts = 0  # cores that died (health shows each, however short: api/server.py)
         self.core_lost = asyncio.Event()  # set when the core cannot be restarted: the server exits
         self.restart_policy = RestartPolicy()
 
@@ -104,6 +105,7 @@ class EngineClient:
         a new one within core_process_handle's RestartPolicy; gives up (core_lost) past it.
         Meanwhile health says NOT_SERVING (stats: no executor) and new requests UNAVAILABLE."""
         self.restarting, self.stats = True, CoreStats()
+        self.num_restarts += 1
         num_failed = len(set(self._streams.values()))
         self._deliver(ALL, RequestError("UNAVAILABLE", "the engine core process died; it is "
                                         "restarting, retry later"))

@@ -114,11 +114,14 @@ async def _serve_ready(config: SchedulerConfig, engine: EngineClient, public, me
 async def _follow_executor_health(engine: EngineClient, health_servicer, period: float = 0.2) -> None:
     """Health is SERVING exactly while the engine core reports a live executor: NOT_SERVING
     while it reconnects to a dead or hung one, or while the core itself restarts (the engine
-    client resets its stats then), SERVING again once it is back."""
-    serving = None
+    client resets its stats then), SERVING again once it is back. A core that died and was
+    restarted within one polling period still shows NOT_SERVING for a period
+    (engine.num_restarts): Watch streams send only the latest status they see."""
+    serving, restarts = None, engine.num_restarts
     while True:
         available = (engine.stats.executor_available and not engine.restarting
-                     and not engine.core_lost.is_set())
+                     and not engine.core_lost.is_set() and engine.num_restarts == restarts)
+        restarts = engine.num_restarts
         if available != serving:
             status = health_pb2.HealthCheckResponse.SERVING if available else \
                 health_pb2.HealthCheckResponse.NOT_SERVING
