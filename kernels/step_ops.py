@@ -1,6 +1,6 @@
 """The executor's per-step bookkeeping on the device (re-exported by kernels/__init__.py): the
-verify scan of speculative decoding and the steady decode step's advance. Triton on CUDA
-tensors, their plain-torch references otherwise."""
+rejection rule and verify scan of speculative decoding and the steady decode step's advance.
+Triton on CUDA tensors, their plain-torch references otherwise."""
 
 from __future__ import annotations
 
@@ -57,3 +57,22 @@ def verify_scan(
 
     return verify_scan_reference(accepted, recovered, draft_ids, draft_start, num_drafts, rows, last_tokens,
                                  chain_ok, chained, prev_last, max_drafts)
+
+
+def rejection_sample(
+    logits: torch.Tensor,  # [M, V] float32 | bfloat16
+    draft_ids: torch.Tensor,  # [M] int64
+    temperature: torch.Tensor,  # [M] float32; <= 0 = greedy
+    seeds: torch.Tensor,  # [M] int64
+    positions: torch.Tensor,  # [M] int64: the drafted token's position
+    accept_key: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative decoding's rejection rule for rows without top-k / top-p: (accepted [M] bool,
+    recovered [M] int64), kernels/reference_reject.py says exactly what."""
+    if logits.is_cuda:
+        from kernels.spec_reject import rejection_sample_triton
+
+        return rejection_sample_triton(logits, draft_ids, temperature, seeds, positions, accept_key)
+    from kernels.reference_reject import rejection_sample_reference
+
+    return rejection_sample_reference(logits, draft_ids, temperature, seeds, positions, accept_key)

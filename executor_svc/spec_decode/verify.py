@@ -59,10 +59,15 @@ def rejection_sample(logits: torch.Tensor, draft_ids: torch.Tensor,
     (accepted [M] bool, recovered [M] int64): accepted = u < p(draft) with
     u = uniform_noise(seed ^ ACCEPT_SEED_KEY, position) (greedy: draft == argmax); recovered =
     a sample of p with the draft removed, renormalised, by Gumbel-max with the sampler's noise
-    of (seed, position) (greedy: the argmax). p is the sampler's distribution (ops.scale_and_cut)."""
+    of (seed, position) (greedy: the argmax). p is the sampler's distribution (ops.scale_and_cut).
+    Without top-k / top-p the same rule is one fused pass (kernels.rejection_sample: two Triton
+    launches on CUDA, where this general path launches ~70 small kernels)."""
     if params.all_greedy:
         greedy_ids = logits.argmax(dim=-1)
         return greedy_ids == draft_ids, greedy_ids
+    if not params.need_top_k_top_p:
+        return kernels.rejection_sample(logits, draft_ids, params.temperature, params.seeds, params.positions,
+                                        ACCEPT_SEED_KEY)
     logits = logits.float()
     greedy_ids = logits.argmax(dim=-1)
     random_rows = params.temperature > 0

@@ -17,22 +17,24 @@ from tests.executor.conftest import cached_rows, make_runner
 V = 6
 
 
-def rejection_sample(logits, drafts, temperature, top_k, top_p, seeds, positions):
-    """verify.rejection_sample over per-position columns, on its general path (top-k / top-p cut)."""
-    params = SamplingTensors(temperature, top_k, top_p, seeds, positions, all_greedy=False, need_top_k_top_p=True)
+def rejection_sample(logits, drafts, temperature, top_k, top_p, seeds, positions, fused=False):
+    """verify.rejection_sample over per-position columns, on its general path (top-k / top-p cut)
+    or, fused, on the one-pass rule of rows without a cut (kernels.rejection_sample)."""
+    params = SamplingTensors(temperature, top_k, top_p, seeds, positions, all_greedy=False,
+                             need_top_k_top_p=not fused)
     return verify.rejection_sample(logits, drafts, params)
 
 # chi-square quantile at p = 0.999 for V - 1 = 5 degrees of freedom (fewer when some p = 0)
 CHI2_999 = {5: 20.52, 4: 18.47, 3: 16.27, 2: 13.82, 1: 10.83}
 
 
-def draw(logits, draft, temperature, top_k=0, top_p=1.0, n=40000, position=11):
+def draw(logits, draft, temperature, top_k=0, top_p=1.0, n=40000, position=11, fused=False):
     """n draws of one position's token (accepted draft or recovered), seeds 0..n-1."""
     rows = logits[None].expand(n, V).contiguous()
     accepted, recovered = rejection_sample(
         rows, torch.full((n,), draft), torch.full((n,), temperature), torch.full((n,), top_k),
         torch.full((n,), top_p), torch.arange(n, dtype=torch.int64) * 7919 + 3,
-        torch.full((n,), position, dtype=torch.int64))
+        torch.full((n,), position, dtype=torch.int64), fused)
     return torch.where(accepted, torch.full_like(recovered, draft), recovered), accepted
 
 
@@ -62,6 +64,17 @@ def test_rejection_sampling_matches_the_target(draft, temperature, top_k, top_p)
     stat, dof = chi_square(tokens, p)
     assert stat < CHI2_999[dof], (stat, tokens.bincount(minlength=V), p)
     # accepted with probability p(draft): a binomial within 5 sigma
+    n, q = len(tokens), float(p[draft])
+    assert abs(float(accepted.double().sum()) - n * q) <= 5 * (n * q * (1 - q)) ** 0.5 + 1
+
+
+@pytest.mark.parametrize("draft", [0, 2, 3])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_fused_rule_of_rows_without_a_cut_matches_the_target(draft, temperature):
+    p = target(LOGITS, temperature)
+    tokens, accepted = draw(LOGITS, draft, temperature, fused=True)
+    stat, dof = chi_square(tokens, p)
+    assert stat < CHI2_999[dof], (stat, tokens.bincount(minlength=V), p)
     n, q = len(tokens), float(p[draft])
     assert abs(float(accepted.double().sum()) - n * q) <= 5 * (n * q * (1 - q)) ** 0.5 + 1
 

@@ -1,0 +1,67 @@
+"""The fused rejection rule (kernels/spec_reject.py) against its reference
+(kernels/reference_reject.py), on CUDA or under TRITON_INTERPRET=1: the recovered tokens exactly,
+the accept decisions exactly but where the acceptance uniform is within 1e-5 of p(draft) (the
+kernel's exponential is approximate). The rule's distribution is tested on CPU through the
+verifier (tests/executor/spec_decode/test_spec_verify.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.reference import uniform_noise
+from kernels.reference_reject import rejection_sample_reference
+from tests.kernels.kernel_cases import DEVICE, ON_CUDA, TRITON_MARKS
+
+KEY = 0x5EC_DEC0DE
+
+
+def _case(seed: int, rows: int, vocab: int, dtype: torch.dtype):
+    """Logits with a few peaked rows; drafts: the argmax (a third), draws from p (a third) and
+    random tokens; temperatures greedy, 0.7, 1.0 and 1.6 in turn; seeds over the whole int64 range."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(rows, vocab, generator=g) * torch.linspace(0.5, 6.0, rows)[:, None]).to(dtype)
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.6] * rows)[:rows]
+    probs = (logits.float() / temperature.clamp_min(1e-5)[:, None]).softmax(-1)
+    drafts = torch.randint(0, vocab, (rows,), generator=g)
+    drafts[0::3] = logits.float()[0::3].argmax(-1)
+    drafts[1::3] = torch.multinomial(probs[1::3], 1, generator=g)[:, 0]
+    seeds = torch.randint(-2**62, 2**62, (rows,), generator=g)
+    positions = torch.randint(0, 1 << 20, (rows,), generator=g)
+    return logits, drafts, temperature, seeds, positions
+
+
+@TRITON_MARKS[0]
+@TRITON_MARKS[1]
+@pytest.mark.parametrize("rows,vocab", [(1, 1000), (37, 5003), (64, 32000)] if ON_CUDA else [(1, 1000), (37, 5003)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if ON_CUDA else [torch.float32])
+def test_the_kernel_matches_the_reference(rows, vocab, dtype):
+    from kernels.spec_reject import rejection_sample_triton
+
+    case = _case(rows + vocab, rows, vocab, dtype)
+    want_acc, want_rec = rejection_sample_reference(*(t.to(DEVICE) for t in case), KEY)
+    got_acc, got_rec = rejection_sample_triton(*(t.to(DEVICE) for t in case), KEY)
+    assert got_acc.dtype == torch.bool and got_rec.dtype == torch.int64
+    assert torch.equal(got_rec.cpu(), want_rec.cpu())
+    logits, drafts, temperature, seeds, positions = case
+    scaled = logits.float() / temperature.clamp_min(1e-5)[:, None]
+    p_draft = scaled.softmax(-1).gather(1, drafts[:, None])[:, 0]
+    u = uniform_noise(seeds ^ KEY, positions, 1)[:, 0]
+    close = (temperature > 0) & ((u - p_draft).abs() <= 1e-5)
+    differ = got_acc.cpu() != want_acc.cpu()
+    assert not (differ & ~close).any(), differ.nonzero()
+    assert 0 < int(want_acc.sum()) < rows or rows == 1  # both outcomes occur
+
+
+@TRITON_MARKS[0]
+@TRITON_MARKS[1]
+def test_the_kernel_checks_its_inputs_and_takes_no_rows():
+    from kernels.spec_reject import rejection_sample_triton
+
+    logits, drafts, temperature, seeds, positions = (t.to(DEVICE) for t in _case(0, 4, 1000, torch.float32))
+    with pytest.raises(ValueError, match="draft_ids has 3 entries"):
+        rejection_sample_triton(logits, drafts[:3], temperature, seeds, positions, KEY)
+    with pytest.raises(Exception, match="temperature"):
+        rejection_sample_triton(logits, drafts, temperature.double(), seeds, positions, KEY)
+    acc, rec = rejection_sample_triton(logits[:0], drafts[:0], temperature[:0], seeds[:0], positions[:0], KEY)
+    assert acc.shape == rec.shape == (0,)
