@@ -18,15 +18,15 @@ from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
 
 
 class FakeExecutor(pb_grpc.ExecutorServicer):
-    def __init__(self, model: str, step_s: float, vocab_size: int = 1024):
-        self.model, self.step_s, self.vocab = model, step_s, vocab_size
+    def __init__(self, model: str, step_s: float, vocab_size: int = 1024, max_num_seqs: int = 256):
+        self.model, self.step_s, self.vocab, self.max_num_seqs = model, step_s, vocab_size, max_num_seqs
         self.known: dict[int, int] = {}  # req_id -> tokens the scheduler sent
         self.computed: dict[int, int] = {}
 
     async def Handshake(self, request, context):
         return pb.ExecutorInfo(
             model_name="fake", model_path=self.model, vocab_size=self.vocab, eos_token_ids=[1],
-            max_model_len=4096, block_size=16, num_blocks=100_000, max_num_seqs=256,
+            max_model_len=4096, block_size=16, num_blocks=100_000, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=8192, device="cpu", dtype="none")
 
     async def Reset(self, request, context):
@@ -61,9 +61,9 @@ class FakeExecutor(pb_grpc.ExecutorServicer):
             yield result
 
 
-async def serve(model: str, port: int, step_ms: float) -> None:
+async def serve(model: str, port: int, step_ms: float, max_num_seqs: int = 256) -> None:
     server = grpc.aio.server()
-    pb_grpc.add_ExecutorServicer_to_server(FakeExecutor(model, step_ms / 1e3), server)
+    pb_grpc.add_ExecutorServicer_to_server(FakeExecutor(model, step_ms / 1e3, max_num_seqs=max_num_seqs), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
@@ -74,8 +74,9 @@ def main() -> None:
     p.add_argument("--model", required=True, help="folder with the tokenizer the scheduler loads")
     p.add_argument("--port", type=int, default=50061)
     p.add_argument("--step-ms", type=float, default=4.0)
+    p.add_argument("--max-num-seqs", type=int, default=256, help="rows a step may hold (the handshake's)")
     args = p.parse_args()
-    asyncio.run(serve(args.model, args.port, args.step_ms))
+    asyncio.run(serve(args.model, args.port, args.step_ms, args.max_num_seqs))
 
 
 if __name__ == "__main__":

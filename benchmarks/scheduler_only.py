@@ -18,7 +18,7 @@ from benchmarks.cluster import Cluster
 
 
 def run(workload_name: str, step_ms: float, stream_interval: int, num_requests: int | None = None,
-        stream_pacing_ms: float | None = None) -> dict:
+        stream_pacing_ms: float | None = None, max_num_seqs: int = 256) -> dict:
     from executor_svc.model_loader.random_model import build_tokenizer
 
     tmp = Path(tempfile.mkdtemp(prefix="llmserve-fake-"))
@@ -27,7 +27,7 @@ def run(workload_name: str, step_ms: float, stream_interval: int, num_requests: 
     if num_requests:
         workload = workload[:num_requests]
     workload = [([3 + t % 1000 for t in prompt], n) for prompt, n in workload]  # fit the fake vocab
-    cluster = Cluster(tmp, tmp / "logs", ["--step-ms", str(step_ms)],
+    cluster = Cluster(tmp, tmp / "logs", ["--step-ms", str(step_ms), "--max-num-seqs", str(max_num_seqs)],
                       ["--stream-interval", str(stream_interval),
                        *([] if stream_pacing_ms is None else ["--stream-pacing-ms", str(stream_pacing_ms)])],
                       executor_module="benchmarks.fake_executor")
@@ -52,8 +52,10 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=4.0)
     p.add_argument("--stream-interval", type=int, default=1)
     p.add_argument("--stream-pacing-ms", type=float, default=None, help="the scheduler's default if not given")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="the fake executor's rows a step")
     args = p.parse_args()
-    r = run(args.workload, args.step_ms, args.stream_interval, stream_pacing_ms=args.stream_pacing_ms)
+    r = run(args.workload, args.step_ms, args.stream_interval, stream_pacing_ms=args.stream_pacing_ms,
+            max_num_seqs=args.max_num_seqs)
     print(f"{args.workload}: {r['tok_s']:,.0f} tok/s over {r['steps']} steps "
           f"(a perfectly fed {args.step_ms} ms executor: {r['ideal_tok_s']:,.0f} tok/s), wall {r['wall_s']:.2f} s, "
           f"TTFT p50/p90 {r['ttft_ms'][0]:.0f}/{r['ttft_ms'][1]:.0f} ms; per step: "

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from executor_svc.config import ExecutorConfig
+from llmserve.heap import freeze_startup_heap
 from llmserve.logs import configure_logging
 
 log = logging.getLogger("executor_svc")
@@ -75,6 +76,7 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     if config.enable_reflection:  # off by default: it would map the internal API for anyone
         enable_reflection((service, health.SERVICE_NAME), server)  # v1alpha and v1
     port = server.add_insecure_port(f"{config.host}:{config.port}")
+    freeze_startup_heap(log)  # (the model, graphs and warm-up garbage: llmserve/heap.py)
     await server.start()
     for name in (service, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

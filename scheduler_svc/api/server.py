@@ -9,6 +9,7 @@ import sys
 
 from grpc_health.v1 import health_pb2
 
+from llmserve.heap import freeze_startup_heap
 from llmserve.logs import configure_logging
 from scheduler_svc.api import access_log
 from scheduler_svc.api.admission import Admission
@@ -91,6 +92,7 @@ async def _serve_ready(config: SchedulerConfig, engine: EngineClient, public, me
             from scheduler_svc.api.http.serve import start_http
 
             http = await start_http(config, admission, tokenizer, metrics)
+        freeze_startup_heap(log)
         log.info("serving llmserve.v1.LLMServe on %s:%d (%s, %s)", config.host, config.port,
                  "TLS" if credentials else "plaintext",
                  "API key required" if config.api_key else "no API key")

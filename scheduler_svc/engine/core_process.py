@@ -17,6 +17,7 @@ import signal
 import socket
 from dataclasses import astuple
 
+from llmserve.heap import freeze_startup_heap
 from llmserve.logs import configure_logging
 from llmserve.speculative import parse_speculative_config
 from scheduler_svc.config import SchedulerConfig
@@ -128,6 +129,7 @@ class EngineCore:
             await self._channel.send(Failed(f"{type(e).__name__}: {e}"))
             return
         await self._channel.send(Ready(info))
+        freeze_startup_heap(log)
         self._publish()  # the status RPC has real figures before the first request
         await self.run()
 
