@@ -15,7 +15,6 @@ import asyncio
 import logging
 import signal
 import socket
-from dataclasses import astuple
 
 from llmserve.heap import freeze_startup_heap
 from llmserve.logs import configure_logging
@@ -31,7 +30,7 @@ from scheduler_svc.engine.stats import EngineStats, StatsLogger
 from scheduler_svc.engine.step_loop import StepLoop
 from scheduler_svc.lifetime import die_with_parent
 from scheduler_svc.messages import (ALL, AbortRequest, AddRequest, CoreStats, Failed, Outputs, Ready,
-                                    RequestError, encode_output)
+                                    RequestError, encode_output, stats_tuple)
 from scheduler_svc.pipe import Channel, ChannelClosed
 from scheduler_svc.runtime import run_async
 from step_protocol.domain import ExecutorInfo
@@ -187,7 +186,7 @@ class EngineCore:
             s.num_total_blocks = s.num_free_blocks = s.num_running = s.num_waiting = 0
         self.engine_stats.on_outputs(outputs)
         scheduled = self.engine_stats.take_scheduled()
-        stats = astuple(s)
+        stats = stats_tuple(s)
         try:
             self._channel.send_nowait(Outputs([encode_output(o) for o in outputs], list(errors), stats,
                                               scheduled))

@@ -26,3 +26,13 @@ def test_commands_and_errors_pickle():
     msg = pickle.loads(pickle.dumps(Outputs([], [(1, RequestError("INTERNAL", "boom"))], (1, 2))))
     (req_id, err), = msg.errors
     assert (req_id, err.code, err.message, str(err)) == (1, "INTERNAL", "boom", "boom")
+
+
+def test_stats_tuple_round_trips_every_field():
+    from dataclasses import astuple, fields
+
+    from scheduler_svc.messages import CoreStats, stats_tuple
+
+    s = CoreStats(**{f.name: (7, 8) if f.name == "step_time_counts" else i + 1 for i, f in enumerate(fields(CoreStats))})
+    assert stats_tuple(s) == astuple(s)
+    assert CoreStats(*stats_tuple(s)) == s
