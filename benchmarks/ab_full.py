@@ -68,7 +68,8 @@ def main() -> None:
                   f"{w1['per_step'].get('executor_launch_us', 0):.0f} us, device {w1['per_step']['device_us']:.0f} us) "
                   f"| W2 {w2['tok_s']:,.0f} tok/s (launch {w2['per_step'].get('executor_launch_us', 0):.0f} us, "
                   f"schedule {w2['per_step'].get('schedule_us', 0):.0f}, apply {w2['per_step'].get('apply_us', 0):.0f}) "
-                  f"| W3 {r['w3']['tok_s']:,.0f} tok/s (launch {r['w3']['per_step'].get('executor_launch_us', 0):.0f} us, "
+                  f"| W3 {r['w3']['tok_s']:,.0f} tok/s ({r['w3']['steps']} steps: ~270 when all 512 get in at once; "
+                  f"launch {r['w3']['per_step'].get('executor_launch_us', 0):.0f} us, "
                   f"idle {r['w3']['per_step'].get('device_idle_us', 0):.0f} us)",
                   flush=True)
     if args.json:
