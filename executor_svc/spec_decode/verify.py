@@ -39,7 +39,7 @@ import torch
 import kernels
 from executor_svc.sample.ops import SamplingTensors, scale_and_cut
 from executor_svc.sample.sampler import Sampler
-from executor_svc.worker.host_device import Staged
+from executor_svc.worker.host_device import Staged, to_host
 from executor_svc.worker.input_batch import InputBatch, RequestState
 from executor_svc.worker.step_buffers import StepBuffers
 from executor_svc.worker.step_inputs import Scheduled
@@ -112,9 +112,11 @@ class VerifyRows:
 class VerifyOutcome:
     """What verify() decided for a step's verify rows (device tensors, read after the event)."""
 
+    # Host copies, enqueued non-blocking into pinned memory before the step's completion event
+    # (read after it: result() makes no device sync); final stays on the device.
     tokens: torch.Tensor  # [S, Dmax + 1]: accepted drafts, then the row's token
     num_accepted: torch.Tensor  # [S]
-    final: torch.Tensor  # [S] each row's last token now (the next step's input)
+    final: torch.Tensor  # [S] each row's last token now (the next step's input), on the device
     valid: torch.Tensor | None = None  # [S] bool: not void (chained rows whose chain held)
 
 
@@ -193,11 +195,12 @@ class Verifier:
         tokens, num_accepted, final, valid = kernels.verify_scan(
             accepted, recovered, draft_ids, v.draft_start, v.drafts_per_row, v.rows, last_tokens, self.chain_ok,
             v.chained, prev_last, v.max_drafts)
-        return VerifyOutcome(tokens, num_accepted, final, valid)
+        return VerifyOutcome(to_host(tokens), to_host(num_accepted), final, None if valid is None else to_host(valid))
 
     def result(self, v: VerifyRows, outcome: VerifyOutcome, token_ids: list[int]) -> tuple[list[int], list[int]]:
         """(token ids, tokens per sampled row) of a finished step from its sampled ids (one per
-        row) and its verify rows' outcome; registers the rejected drafts' rollbacks."""
+        row) and its verify rows' outcome (its host copies: no device sync); registers the
+        rejected drafts' rollbacks."""
         tokens, num_accepted = outcome.tokens.tolist(), outcome.num_accepted.tolist()
         valid = [True] * len(num_accepted) if outcome.valid is None else outcome.valid.tolist()
         per_row: list[list[int]] = [[t] for t in token_ids]
