@@ -42,3 +42,19 @@ def test_a_blocked_loop_opens_a_gap_and_a_free_one_closes_it():
         assert not watch.done()
         watch.cancel()
     asyncio.run(main())
+
+
+def test_the_flag_default_environment_and_bounds(monkeypatch, capsys):
+    import pytest
+
+    from scheduler_svc.api.engine_client import EngineClient
+    from scheduler_svc.config import from_args
+
+    assert from_args([]).stream_pacing_ms == 50.0
+    assert EngineClient(from_args(["--stream-pacing-ms", "20"])).pacer.max_gap == 0.02
+    monkeypatch.setenv("LLMSERVE_SCHEDULER_STREAM_PACING_MS", "0")
+    assert from_args([]).stream_pacing_ms == 0.0  # off: start() runs no lag watch
+    for bad in ("-1", "1001", "nan"):
+        with pytest.raises(SystemExit):
+            from_args(["--stream-pacing-ms", bad])
+        assert "--stream-pacing-ms must be in [0, 1000]" in capsys.readouterr().err
