@@ -150,3 +150,28 @@ def test_merge_ready_folds_per_sample_in_first_seen_order():
         (1, [0, 2], None), (2, [1, 3], [(1, -1.0, 1, [], []), (3, -3.0, 1, [], [])])]
     q.put_nowait(RequestError("INTERNAL", "x"))
     assert isinstance(_merge_ready(out(1, 0), q), RequestError)
+
+
+def test_a_paced_stream_whose_client_stopped_reading_is_still_aborted():
+    """Pacing holds outputs in the fan-out; a client stuck in a write (its RPC not reading)
+    past the backlog is aborted as before, the held outputs dropped with it."""
+    import time
+
+    async def main():
+        c, ch = client(max_stream_backlog=4)
+        gen = c.generate([1], SamplingParams(max_tokens=100))
+        first = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0)
+        c._deliver(1, out(1, 1))
+        assert (await first).new_token_ids == [1]  # the RPC now "writes" it and reads no more
+        c.pacer.gap = 3600.0
+        stream = c._streams[1]
+        stream.last_read = time.monotonic() - 5.0  # stuck in that write for 5 s
+        for token in range(2, 12):
+            c._deliver(1, out(1, token))
+        assert stream.aborted and stream.held == []
+        assert [m.req_id for m in ch.sent if isinstance(m, AbortRequest)] == [1]
+        with pytest.raises(RequestError) as err:
+            await gen.__anext__()
+        assert err.value.code == "RESOURCE_EXHAUSTED" and "read too slowly" in err.value.message
+    asyncio.run(main())
