@@ -110,7 +110,7 @@ class VerifyRows:
 
 @dataclass(frozen=True)
 class VerifyOutcome:
-    """What verify() decided for a step's verify rows (device tensors, read after the event)."""
+    """What verify() decided for a step's verify rows (read after the step's completion event)."""
 
     # Host copies, enqueued non-blocking into pinned memory before the step's completion event
     # (read after it: result() makes no device sync); final stays on the device.
