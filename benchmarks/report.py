@@ -97,6 +97,7 @@ def rows(out_dir: Path) -> list[tuple[str, str, str]]:
     r += _w6_rows(_load(out_dir, "w6"))
     r += w8_fp8.rows(_load(out_dir, "w8"), full)
     r += spec_bench.rows(_load(out_dir, "spec"))
+    r += _intake_rows(_load(out_dir, "intake"))
     return r
 
 
@@ -203,3 +204,16 @@ def print_table(out_dir: Path) -> None:
     print()
     for a, b, c in table:
         print(f"{a:<{w[0]}} | {b:<{w[1]}} | {c}")
+
+
+def _intake_rows(intake: dict) -> list[tuple[str, str, str]]:
+    """W3 against the fake executor, pacing on and off: tok/s, steps, TTFT p90 per run."""
+    out = []
+    for pacing in ("on", "off"):
+        rows = [x for x in intake.get("rows", []) if x.get("pacing") == pacing]
+        if rows:
+            out.append((f"W3 intake, fake executor 1.5 ms, pacing {pacing}",
+                        " / ".join(f"{x['tok_s']:,.0f}" for x in rows) + " tok/s",
+                        "steps " + " / ".join(str(x["steps"]) for x in rows) + "; TTFT p90 "
+                        + " / ".join(f"{x['ttft_ms'][1]:.0f}" for x in rows) + " ms (~270 steps: all in at once)"))
+    return out

@@ -25,7 +25,7 @@ from benchmarks.harness import (
     runner_for_folder,
 )
 
-SECTIONS = ("first", "w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w2so", "ab", "w6", "w8", "spec")
+SECTIONS = ("first", "w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w2so", "ab", "w6", "w8", "spec", "intake")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "ab")  # ab needs OLD_TREE
 OLD_TREE = Path(".old/base")  # a checkout of the commit to compare with (w2ab), if present
 
@@ -197,6 +197,16 @@ def section_w2so(out: dict) -> None:
                           text=True, timeout=900)
     line = next((x for x in done.stdout.splitlines() if x.startswith("W2SO ")), None)
     out.update(json.loads(line[5:]) if line else {"error": done.stderr[-2000:]})
+
+
+def section_intake(out: dict) -> None:
+    """W3's intake on this host's CPUs: both scheduler processes against the fake executor at
+    1.5 ms a step, stream pacing on (the default) and off, alternating 3 times
+    (benchmarks/scheduler_only.py; ~270 steps when all 512 requests get in at once)."""
+    from benchmarks.scheduler_only import run
+
+    out["rows"] = [{"pacing": pacing, **run("w3", 1.5, 1, stream_pacing_ms=ms)}
+                   for _ in range(3) for pacing, ms in (("on", None), ("off", 0.0))]
 
 
 def section_ab(out: dict) -> None:
