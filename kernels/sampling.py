@@ -39,6 +39,14 @@ def _mix32(x):
 
 
 @triton.jit
+def _key(seed, position):
+    """A row's noise key from its int64 seed and position (kernels/reference.py's, in uint32)."""
+    seed_lo = seed.to(tl.uint32)  # int64 -> uint32 truncates: the low 32 bits
+    seed_hi = (seed >> 32).to(tl.uint32)
+    return _mix32(_mix32(_mix32(seed_lo ^ 0x9E3779B9) ^ seed_hi) ^ position.to(tl.uint32))
+
+
+@triton.jit
 def _chunk_argmax(row_ptr, mask_row_ptr, start, end, vocab, key, temperature, ADD_NOISE: tl.constexpr,
                   HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
     """(max score, lowest index of it) over [start, min(end, vocab)); index `vocab` if empty.
@@ -83,11 +91,7 @@ def _gumbel_sample_kernel(
     end = start + chunk_size
     temperature = tl.load(temperature_ptr + row)
     if temperature > 0:
-        seed = tl.load(seeds_ptr + row)
-        position = tl.load(positions_ptr + row)
-        seed_lo = seed.to(tl.uint32)  # int64 -> uint32 truncates: the low 32 bits
-        seed_hi = (seed >> 32).to(tl.uint32)
-        key = _mix32(_mix32(_mix32(seed_lo ^ 0x9E3779B9) ^ seed_hi) ^ position.to(tl.uint32))
+        key = _key(tl.load(seeds_ptr + row), tl.load(positions_ptr + row))
         chunk_max, chunk_idx = _chunk_argmax(row_ptr, mask_row_ptr, start, end, vocab, key,
                                              tl.maximum(temperature, 1e-5), True, HAS_MASK, BLOCK)
     else:

@@ -25,14 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_same_device, check_tensor
-from kernels.sampling import BLOCK, _mix32, gumbel_chunks
-
-
-@triton.jit
-def _key(seed, position):
-    seed_lo = seed.to(tl.uint32)  # int64 -> uint32 truncates: the low 32 bits
-    seed_hi = (seed >> 32).to(tl.uint32)
-    return _mix32(_mix32(_mix32(seed_lo ^ 0x9E3779B9) ^ seed_hi) ^ position.to(tl.uint32))
+from kernels.sampling import BLOCK, _key, _mix32, gumbel_chunks
 
 
 @triton.jit
