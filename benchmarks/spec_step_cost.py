@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
+import pstats
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +37,9 @@ SPEC = SpecDecodeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=4, 
 FIELDS = ("prepare_us", "launch_us", "forward_us", "sample_us")
 
 
-def measure(runner, batch: int, spec: SpecDecodeConfig | None, max_tokens: int = 64) -> dict:
+def measure(runner, batch: int, spec: SpecDecodeConfig | None, max_tokens: int = 64,
+            temperature: float = 1.0, profile=None) -> dict:
+    """profile: a cProfile.Profile enabled around each launch only (its Python and torch calls)."""
     runner.reset()
     info = runner.info()
     core = SchedulerCoreConfig(num_blocks=info.num_blocks, block_size=info.block_size,
@@ -43,11 +48,18 @@ def measure(runner, batch: int, spec: SpecDecodeConfig | None, max_tokens: int =
     scheduler = Scheduler(core, clock=lambda: 0.0)  # no mode trials
     prompt = [5, 6, 7, 8] * 8  # repeats: the lookup always finds drafts
     for i in range(batch):
-        scheduler.add_request(Request(i, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+        scheduler.add_request(Request(i, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                                                                  temperature=temperature)))
     results, launch = [], runner.launch
 
     def recording(plan, *args, **kw):
-        handle = launch(plan, *args, **kw)
+        if profile is not None:
+            profile.enable()
+        try:
+            handle = launch(plan, *args, **kw)
+        finally:
+            if profile is not None:
+                profile.disable()
         results.append((plan, handle))
         return handle
 
@@ -70,18 +82,21 @@ def measure(runner, batch: int, spec: SpecDecodeConfig | None, max_tokens: int =
     return out
 
 
-def compare(runner, batches, max_tokens: int = 64) -> list[dict]:
+_lookup = NgramIndex.propose
+
+
+def _always(index, between, length, k):  # a lookup that finds nothing proposes anyway
+    return _lookup(index, between, length, k) or between(length - 1, length) * k
+
+
+def compare(runner, batches, max_tokens: int = 64, temperature: float = 1.0) -> list[dict]:
     """measure() off and on (forced) for each batch, after a short warm-up of each."""
-    rows, lookup = [], NgramIndex.propose
-
-    def always(index, between, length, k):  # a lookup that finds nothing proposes anyway
-        return lookup(index, between, length, k) or between(length - 1, length) * k
-
-    with mock.patch.object(spec_gate, "MIN_ACCEPTED", 0.0), mock.patch.object(NgramIndex, "propose", always):
+    rows = []
+    with mock.patch.object(spec_gate, "MIN_ACCEPTED", 0.0), mock.patch.object(NgramIndex, "propose", _always):
         for b in batches:
             for mode, spec in (("off", None), ("on", SPEC)):
-                measure(runner, b, spec, 8)  # warm-up
-                rows.append(dict(mode=mode, **measure(runner, b, spec, max_tokens)))
+                measure(runner, b, spec, 8, temperature)  # warm-up
+                rows.append(dict(mode=mode, **measure(runner, b, spec, max_tokens, temperature)))
     return rows
 
 
@@ -90,6 +105,9 @@ def main() -> None:
     p.add_argument("--model", default="")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--temperature", type=float, default=1.0, help="0: greedy rows (the n-gram target's task)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="then profile the launches of one more 'on' run per batch: the N costliest calls by own time")
     p.add_argument("--json", default="")
     args = p.parse_args()
     from executor_svc.config import ExecutorConfig
@@ -100,7 +118,7 @@ def main() -> None:
     runner = build_runner(ExecutorConfig.from_args(["--model", model, "--device", args.device,
                                                     "--max-num-seqs", str(max(args.batches)),
                                                     "--insecure-no-auth"]))
-    rows = compare(runner, args.batches)
+    rows = compare(runner, args.batches, temperature=args.temperature)
     for row in rows:
         print(f"b={row['batch']:<3} {row['mode']:<3} steps {row['steps']:>4} (verify {row['verify_steps']:>3}) "
               f"wall/step {row['wall_per_step_us']:>8.0f} us  prepare {row['prepare_us']:>6.0f}  "
@@ -109,6 +127,18 @@ def main() -> None:
               f"{row['tokens_per_s']:>8.0f} tok/s")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    for b in args.batches if args.profile else ():
+        profile_launches(runner, b, args.temperature, args.profile)
+
+
+def profile_launches(runner, batch: int, temperature: float, top: int) -> None:
+    """cProfile of the launches of a forced-on run: where a verify step's host time goes."""
+    profile = cProfile.Profile()
+    with mock.patch.object(spec_gate, "MIN_ACCEPTED", 0.0), mock.patch.object(NgramIndex, "propose", _always):
+        row = measure(runner, batch, SPEC, 64, temperature, profile)
+    print(f"--- b={batch} on: launches profiled ({row['steps']} steps), the {top} costliest calls by own time")
+    stats = pstats.Stats(profile, stream=sys.stdout)
+    stats.sort_stats("tottime").print_stats(top)
 
 
 if __name__ == "__main__":
