@@ -7,7 +7,7 @@ verify row of k drafts and the figures are the mechanism's cost, not its payoff.
     python -m benchmarks.spec_step_cost [--model FOLDER] [--device cpu|cuda] [--batches 1 64]
 
 Per batch and mode (off: pipelined decode at depth 3; on: n-gram verify rows of k = 4): wall
-per step, the executor's host time per step (prepare, launch) and its device time (forward +
+per step, the executor's host time per step (prepare, launch and its thread CPU time) and its device time (forward +
 sample, from its timer), and the scheduler's schedule / apply time per step. Without --model a
 tiny random model is built on the CPU (host costs dominate there; see docs/benchmarks.md).
 """
@@ -34,7 +34,7 @@ from scheduler_svc.core.spec.ngram import NgramIndex
 from scheduler_svc.engine.step_loop import LoopTimings, StepLoop
 
 SPEC = SpecDecodeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=1)
-FIELDS = ("prepare_us", "launch_us", "forward_us", "sample_us")
+FIELDS = ("prepare_us", "launch_us", "launch_cpu_us", "forward_us", "sample_us")
 
 
 def measure(runner, batch: int, spec: SpecDecodeConfig | None, max_tokens: int = 64,
@@ -122,7 +122,7 @@ def main() -> None:
     for row in rows:
         print(f"b={row['batch']:<3} {row['mode']:<3} steps {row['steps']:>4} (verify {row['verify_steps']:>3}) "
               f"wall/step {row['wall_per_step_us']:>8.0f} us  prepare {row['prepare_us']:>6.0f}  "
-              f"launch {row['launch_us']:>7.0f}  device {row['forward_us'] + row['sample_us']:>7.0f}  "
+              f"launch {row['launch_us']:>7.0f} (cpu {row['launch_cpu_us']:>6.0f})  device {row['forward_us'] + row['sample_us']:>7.0f}  "
               f"schedule {row['schedule_us']:>6.0f}  apply {row['apply_us']:>6.0f}  "
               f"{row['tokens_per_s']:>8.0f} tok/s")
     if args.json:

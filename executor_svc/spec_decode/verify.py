@@ -39,7 +39,7 @@ import torch
 import kernels
 from executor_svc.sample.ops import SamplingTensors, scale_and_cut
 from executor_svc.sample.sampler import Sampler
-from executor_svc.worker.host_device import Staged, to_host
+from executor_svc.worker.host_device import PinnedOut, Staged
 from executor_svc.worker.input_batch import InputBatch, RequestState
 from executor_svc.worker.step_buffers import StepBuffers
 from executor_svc.worker.step_inputs import Scheduled
@@ -97,6 +97,7 @@ class VerifyRows:
     rows: torch.Tensor  # [S] int64 persistent rows
     chained: torch.Tensor | None = None  # [S] bool: chained rows; None = none in this step
     logits_row: int | None = None  # the drafts' logits are the step's logits rows logits_row.. (+D); None: from hidden states
+    parity: int = 0  # the step's host set (its outcome's pinned copies)
 
     @property
     def max_drafts(self) -> int:
@@ -133,6 +134,8 @@ class Verifier:
         # a step's columns: 5 per draft and 1 per row of 8 bytes, 2 per draft of 4, 1 per row of 1
         self._staged = Staged(max_num_tokens * 48 + max_num_seqs * 33 + 16 * 12, device)
         self._row_index = np.zeros(max_num_seqs + 1, dtype=np.int64)  # scratch: a row's index among the sampled
+        # the outcome's host copies: tokens (~ a draft or row each), accepted counts, validity
+        self._out = PinnedOut(max_num_tokens * 8 + max_num_seqs * 24 + 64, device)
 
     def prepare(self, batch: InputBatch, sampler: Sampler, buf: StepBuffers, sched: Scheduled,
                 draft_token_ids: list[int], sample_rows: np.ndarray, parity: int) -> VerifyRows:
@@ -182,7 +185,8 @@ class Verifier:
                                  need_top_k_top_p=bool((random & ((top_k > 0) | (top_p < 1))).any()))
         return VerifyRows([batch.states[r] for r in vrows.tolist()], sample_index, d, token_index_d,
                           drafts_d if len(drafts) else None, params, start_d, d_d, vrows_d,
-                          chained=None if chained is None else chained_d, logits_row=logits_row)
+                          chained=None if chained is None else chained_d, logits_row=logits_row,
+                          parity=parity)
 
     def verify(self, v: VerifyRows, logits: torch.Tensor, draft_ids: torch.Tensor, last_tokens: torch.Tensor,
                prev_last: torch.Tensor | None) -> VerifyOutcome:
@@ -195,7 +199,8 @@ class Verifier:
         tokens, num_accepted, final, valid = kernels.verify_scan(
             accepted, recovered, draft_ids, v.draft_start, v.drafts_per_row, v.rows, last_tokens, self.chain_ok,
             v.chained, prev_last, v.max_drafts)
-        return VerifyOutcome(to_host(tokens), to_host(num_accepted), final, None if valid is None else to_host(valid))
+        host = self._out.copy([tokens, num_accepted] + ([] if valid is None else [valid]), v.parity)
+        return VerifyOutcome(host[0], host[1], final, host[2] if valid is not None else None)
 
     def result(self, v: VerifyRows, outcome: VerifyOutcome, token_ids: list[int]) -> tuple[list[int], list[int]]:
         """(token ids, tokens per sampled row) of a finished step from its sampled ids (one per
