@@ -7,6 +7,13 @@ rms_norm / silu_and_mul launch where the skinny path fuses one) against the skin
 timing replays a CUDA graph that runs the op over enough copies of the weight to exceed the L2
 cache (>= 256 MB in all), so every call reads its weight from HBM as a decode step does, and
 launch gaps are those of a graph. Prints µs per call and GB/s of weight + activation bytes.
+
+    python -m benchmarks.skinny_bench --chain [--layers 16]
+
+The decode step's chain instead: per model, `--layers` layers of the four skinny launches of a
+decode layer at one row (norm + qkv, o, norm + gate_up, silu + down; each one's output the next
+one's input, as in the model, attention left out) and the lm_head, in one CUDA graph, plainly
+launched and as programmatic dependent launches (pdl): µs per layer and the weights' GB/s.
 """
 
 from __future__ import annotations
@@ -73,15 +80,58 @@ def _ops(layer: str, m: int, n: int, k: int, dtype: torch.dtype, copies: int):
     return base, skinny, (n * k + act_bytes + m * n) * weights[0].element_size()
 
 
+def chain(model: str, num_layers: int, dtype: torch.dtype, pdl: bool) -> tuple[float, int]:
+    """(µs of one pass of the chain, weight bytes it reads) at one row."""
+    shapes, dev = MODELS[model], "cuda"
+    hidden = shapes["o"][1]
+    (nq, _), (ngu, _), (_, inter) = shapes["qkv"], shapes["gate_up"], shapes["down"]
+
+    def weight(n, k):
+        return torch.randn(n, k, device=dev, dtype=dtype) * 0.02
+
+    layers = [(weight(nq, hidden), weight(hidden, hidden), weight(ngu, hidden), weight(hidden, inter),
+               torch.ones(hidden, device=dev, dtype=dtype)) for _ in range(num_layers)]
+    head = weight(*shapes["lm_head"])
+    x, residual = torch.randn(1, hidden, device=dev, dtype=dtype), torch.randn(1, hidden, device=dev, dtype=dtype)
+
+    def one_pass():
+        h, res = x, residual
+        for qkv, o, gate_up, down, norm in layers:
+            y, res = kernels.rms_norm_linear(h, res, norm, EPS, qkv, pdl=pdl)
+            a = kernels.skinny_linear(y[:, :hidden], o, pdl=pdl)
+            gu, res = kernels.rms_norm_linear(a, res, norm, EPS, gate_up, pdl=pdl)
+            h = kernels.silu_mul_linear(gu, down, pdl=pdl)
+        return kernels.skinny_linear(h, head, pdl=pdl)
+
+    nbytes = sum(t.numel() * t.element_size() for layer in layers for t in layer[:4]) + head.numel() * head.element_size()
+    return _graph_time_us([one_pass]), nbytes
+
+
+def main_chain(args, dtype: torch.dtype) -> None:
+    print(f"{torch.cuda.get_device_name()}, {args.dtype}; {args.layers} decode layers (4 skinny launches each) + lm_head, "
+          "one row, one CUDA graph")
+    for model in args.models:
+        for rep in range(2):  # alternating, twice
+            for pdl in (False, True):
+                us, nbytes = chain(model, args.layers, dtype, pdl)
+                print(f"{model:<13} pdl={'on ' if pdl else 'off'} round {rep}: {us:>8.1f} us a pass, "
+                      f"{us / args.layers:>6.2f} us a layer (head included), {nbytes / us / 1e3:>6.0f} GB/s of weights")
+                torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--chain", action="store_true", help="the decode layer chain, plain vs pdl")
+    parser.add_argument("--layers", type=int, default=16)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs CUDA")
     dtype = getattr(torch, args.dtype)
+    if args.chain:
+        return main_chain(args, dtype)
     print(f"{torch.cuda.get_device_name()}, {args.dtype}; cuBLAS = F.linear (+ separate norm / silu launch)")
     print(f"{'model':<13} {'layer':<8} {'N x K':>13} {'M':>3} {'cuBLAS us':>10} {'GB/s':>6} "
           f"{'skinny us':>10} {'GB/s':>6} {'speed-up':>8}")

@@ -48,6 +48,8 @@ class ExecutorConfig:
     # norm + qkv, silu + down, o_proj, lm_head) instead of cuBLAS + separate norm / activation;
     # 0 = off. 1 by default: measured faster at 1 row only (docs/kernels.md)
     skinny_max_tokens: int = 1
+    # the skinny GEMMs launched as programmatic dependent launches (Hopper+; kernels/skinny_gemm.py)
+    pdl: bool = False
     max_logprobs: int = MAX_LOGPROBS  # most top alternatives a request may ask per position (vLLM's name)
     # "fp8": quantize every linear weight of an unquantized checkpoint to e4m3 at load, per
     # output channel (vLLM's flag); "" = as the checkpoint is (an FP8 checkpoint is FP8 anyway)
@@ -99,6 +101,7 @@ class ExecutorConfig:
             gpu_memory_utilization=ns.gpu_memory_utilization, num_kv_blocks=ns.num_kv_blocks,
             cpu_kv_cache_gib=ns.cpu_kv_cache_gib, enforce_eager=ns.enforce_eager,
             cuda_graph_sizes=sizes, mixed_cuda_graph_sizes=mixed, skinny_max_tokens=ns.skinny_max_tokens,
+            pdl=ns.pdl,
             max_logprobs=ns.max_logprobs, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
             internal_token=token_or_file(ns.internal_token, ns.internal_token_file),
             insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
@@ -233,6 +236,8 @@ def _parser() -> argparse.ArgumentParser:
     switch(p, "insecure-no-auth", "serve without an internal token: any process that reaches the "
            "port can reset the executor and send it plans")
     switch(p, "enable-reflection", "serve gRPC server reflection")
+    switch(p, "pdl", "launch the skinny decode GEMMs as programmatic dependent launches (CUDA, "
+           "compute capability 9.0+; ignored elsewhere): each may start during the kernel before it")
     return p
 
 

@@ -188,12 +188,13 @@ def skinny_linear(
     w: torch.Tensor,  # [N, K]
     bias: torch.Tensor | None = None,  # [N]
     out: torch.Tensor | None = None,  # [M, N] in x's dtype
+    pdl: bool = False,  # CUDA: a programmatic dependent launch (compute capability 9.0+)
 ) -> torch.Tensor:
     """x @ w^T (+ bias) in x's dtype, fp32 accumulation; the weight-read-bound decode GEMM."""
     if x.is_cuda:
         from kernels.skinny_gemm import skinny_linear_triton
 
-        return skinny_linear_triton(x, w, bias, out)
+        return skinny_linear_triton(x, w, bias, out, pdl=pdl)
     y = reference.skinny_linear_reference(x, w, bias)
     return y if out is None else out.copy_(y)
 
@@ -205,21 +206,22 @@ def rms_norm_linear(
     eps: float,
     w: torch.Tensor,  # [N, K]
     bias: torch.Tensor | None = None,  # [N]
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x [+ residual]) * norm_weight) @ w^T (+ bias) -> (y [M, N], new residual)."""
     if x.is_cuda:
         from kernels.skinny_gemm import rms_norm_linear_triton
 
-        return rms_norm_linear_triton(x, residual, norm_weight, eps, w, bias)
+        return rms_norm_linear_triton(x, residual, norm_weight, eps, w, bias, pdl=pdl)
     return reference.rms_norm_linear_reference(x, residual, norm_weight, eps, w, bias)
 
 
-def silu_mul_linear(gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def silu_mul_linear(gate_up: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """(silu(gate_up[:, :I]) * gate_up[:, I:]) @ w [N, I]^T -> [M, N] in gate_up's dtype."""
     if gate_up.is_cuda:
         from kernels.skinny_gemm import silu_mul_linear_triton
 
-        return silu_mul_linear_triton(gate_up, w)
+        return silu_mul_linear_triton(gate_up, w, pdl=pdl)
     return reference.silu_mul_linear_reference(gate_up, w)
 
 

@@ -14,12 +14,18 @@ M == 1 runs a GEMV (fp32 products, reduced once at the end); 2 <= M <= 16 pad th
 16-row `tl.dot` tile (the smallest tensor-core M, hence MAX_M = 16). fp32 accumulation, IEEE
 products for fp32. K is a compile-time constant (a model has two): constant trip counts.
 
-Config: the first call of a (prologue, bias, M bucket, N, K, dtype) key times CONFIGS in CUDA
-graphs with a cold L2 (kernel + split reduce; not @triton.autotune, which would time the kernel
-alone and choose too late to size the scratch) and caches the fastest. Tuning syncs: it must
-run at warm-up, before capture (GraphRunner runs each size once first); a key first met in a
-capture, or interpreted, takes `default_config`. Then calls never sync and allocate by shape
-only: CUDA-graph capturable.
+Config (kernels/skinny_tune.py): the first call of a (prologue, bias, M bucket, N, K, dtype,
+pdl) key times CONFIGS in CUDA graphs with a cold L2 (kernel + split reduce; not
+@triton.autotune, which would time the kernel alone and choose too late to size the scratch) and
+caches the fastest. Tuning syncs: it must run at warm-up, before capture (GraphRunner runs each
+size once first); a key first met in a capture, or interpreted, takes `default_config`. Then
+calls never sync and allocate by shape only: CUDA-graph capturable.
+
+pdl (Hopper): launched as a programmatic dependent launch, the kernel may start while the one
+before it in the stream is still finishing; it waits (`gdc_wait`) before reading anything a
+kernel writes, and lets the next one start once all its programs run (`gdc_launch_dependents`).
+The GEMV's first W tile is loaded before the wait: the weights are never written by a step, so
+the start of the weight stream overlaps the previous kernel's tail.
 """
 
 from __future__ import annotations
@@ -31,29 +37,10 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_same_device, check_tensor
+from kernels.skinny_tune import CONFIGS, SkinnyConfig, _cold_time_us, default_config, fits, pick_config  # noqa: F401
 
 MAX_M = 16
 PROLOGUE_NONE, PROLOGUE_RMS, PROLOGUE_SILU = 0, 1, 2
-
-
-class SkinnyConfig(NamedTuple):
-    """One launch configuration of the skinny kernels (hashable: the key of a timing)."""
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    split_k: int
-
-
-# Timed on the H200 (bf16, llama-1b / SmolLM2 shapes, cold L2, in graphs): M == 1 (GEMV) wants
-# narrow, deep tiles (8..16 x 512..1024); M > 1 (tl.dot) wider ones, split-K for small N.
-CONFIGS = (
-    SkinnyConfig(8, 512, 4, 3, 1), SkinnyConfig(8, 1024, 4, 3, 1), SkinnyConfig(16, 512, 4, 3, 1),
-    SkinnyConfig(16, 1024, 8, 2, 1), SkinnyConfig(16, 256, 4, 3, 1), SkinnyConfig(32, 256, 4, 3, 1),
-    SkinnyConfig(64, 256, 8, 3, 1), SkinnyConfig(128, 128, 8, 3, 1), SkinnyConfig(64, 128, 4, 4, 1),
-    SkinnyConfig(16, 256, 4, 3, 4), SkinnyConfig(32, 128, 4, 4, 4), SkinnyConfig(32, 256, 4, 3, 4),
-)
-_tuned: dict[tuple, SkinnyConfig] = {}
 
 
 @triton.jit
@@ -95,12 +82,21 @@ def _skinny_kernel(
     K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    NORM_BLOCK: tl.constexpr,
+    NORM_BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    k_begin = pid_k * TILES_PER_SPLIT * BLOCK_K  # this split's run of K tiles (masked past K)
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
+    offs_k0 = k_begin + tl.arange(0, BLOCK_K)
+    w0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=w_ptr.dtype.element_ty)
+    if BLOCK_M == 1:  # the GEMV's first W tile: weights, never written by a step, so before the wait
+        w0 = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] & (offs_k0[None, :] < K), other=0.0)
+    if USE_PDL:  # programmatic dependent launch: the previous kernel's outputs are visible past here
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PROLOGUE == 1:  # sum of squares of the whole row; program (0, 0) stores the new residual
         sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -116,11 +112,11 @@ def _skinny_kernel(
             hf = h.to(tl.float32)
             sum_sq += tl.sum(hf * hf, axis=1)
         inv_rms = tl.rsqrt(sum_sq / K + eps)
-    k_begin = pid_k * TILES_PER_SPLIT * BLOCK_K  # this split's run of K tiles (masked past K)
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     if BLOCK_M == 1:  # GEMV: elementwise products, one reduction at the end
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for t in range(TILES_PER_SPLIT):
+        xa, xb, nw = _a_load(x_ptr, r_ptr, nw_ptr, rows, offs_k0, M, K, stride_x, stride_r,
+                             PROLOGUE, HAS_RESIDUAL)
+        acc2 = w0.to(tl.float32) * _a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL).to(tl.float32)
+        for t in range(1, TILES_PER_SPLIT):
             offs_k = k_begin + t * BLOCK_K + tl.arange(0, BLOCK_K)
             xa, xb, nw = _a_load(x_ptr, r_ptr, nw_ptr, rows, offs_k, M, K, stride_x, stride_r,
                                  PROLOGUE, HAS_RESIDUAL)
@@ -153,8 +149,12 @@ def _skinny_kernel(
 
 @triton.jit
 def _split_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_y,
-                         HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+                         USE_PDL: tl.constexpr = False):
     """y[m, n] = sum over splits s = 0, 1, ... (in that order) of part[s, m, n] (+ bias)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -166,21 +166,10 @@ def _split_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_y,
     tl.store(y_ptr + row * stride_y + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def default_config(m: int, n: int, k: int) -> SkinnyConfig:
-    """The untuned choice (interpreter, or a key first met in capture), good on the H200."""
-    if m == 1:
-        return SkinnyConfig(16, 512, 4, 3, 1)
-    return SkinnyConfig(32, 256, 4, 3, 4 if n * k < (16 << 20) and triton.cdiv(k, 256) >= 8 else 1)
-
-
-def fits(cfg: SkinnyConfig, m: int, k: int) -> bool:
-    """Worth timing: tl.dot (m > 1) wants 16+ columns, depth <= 512 (spills); 2+ tiles a split."""
-    dot_ok = m == 1 or (cfg.block_n >= 16 and cfg.block_k <= 512)
-    return dot_ok and (cfg.split_k == 1 or triton.cdiv(k, cfg.block_k) >= 2 * cfg.split_k)
-
-
-def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_residual, w, bias, out, eps):
+def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_residual, w, bias, out, eps,
+            pdl: bool = False):
     m, (n, k) = x.shape[0], w.shape
+    launch = {"launch_pdl": True} if pdl else {}  # (the interpreter takes no launch_pdl)
     block_m = 1 if m == 1 else MAX_M
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     part = torch.empty(cfg.split_k, m, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
@@ -192,54 +181,20 @@ def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_resi
         K=k, TILES_PER_SPLIT=triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k),
         PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        NORM_BLOCK=max(cfg.block_k, min(triton.next_power_of_2(k), 8192 // block_m)),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        NORM_BLOCK=max(cfg.block_k, min(triton.next_power_of_2(k), 8192 // block_m)), USE_PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,
     )
     if cfg.split_k > 1:
         _split_reduce_kernel[(triton.cdiv(n, 1024), m)](
             part, bias if bias is not None else w, out, m, n, out.stride(0),
-            HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK=1024, num_warps=4,
+            HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK=1024, USE_PDL=pdl, num_warps=4, **launch,
         )
-
-
-def _cold_time_us(run, cfg: SkinnyConfig, flush: torch.Tensor, reps: int = 8) -> float:
-    """µs of run(cfg), L2 cold as in a decode step: graph of reps x (read flush, run) - reads."""
-    def replay_us(with_run: bool) -> float:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(reps):
-                flush.amax()
-                if with_run:
-                    run(cfg)
-        graph.replay()  # warm
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3 / reps
-
-    run(cfg)  # compile outside the capture
-    return replay_us(True) - replay_us(False)
-
-
-def _pick_config(key: tuple, run, on_cuda: bool, m: int, n: int, k: int) -> SkinnyConfig:
-    """The cached config of key; tunes on first use on a GPU outside graph capture."""
-    if key in _tuned:
-        return _tuned[key]
-    if not on_cuda or torch.cuda.is_current_stream_capturing():
-        return default_config(m, n, k)
-    l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    flush = torch.empty(max(l2_bytes, 32 << 20), dtype=torch.float16, device="cuda")  # 2x the L2
-    timings = {cfg: _cold_time_us(run, cfg, flush) for cfg in CONFIGS if fits(cfg, m, k)}
-    _tuned[key] = min(timings, key=timings.get)
-    return _tuned[key]
 
 
 def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
             out: torch.Tensor | None, residual: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-            config: SkinnyConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            config: SkinnyConfig | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Checks arguments, picks a config, launches; returns (y, new_residual or x)."""
     check_tensor("x", x, 2)
     check_tensor("w", w, 2, (x.dtype,))
@@ -271,29 +226,31 @@ def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor 
     new_residual = torch.empty_like(x) if residual is not None else x
 
     def run(cfg: SkinnyConfig) -> None:
-        _launch(cfg, prologue, x, residual, norm_weight, new_residual, w, bias, out, eps)
+        _launch(cfg, prologue, x, residual, norm_weight, new_residual, w, bias, out, eps, pdl)
 
     if config is None:
-        key = (prologue, bias is not None, triton.next_power_of_2(m), n, k, x.dtype, x.device)
-        config = _pick_config(key, run, x.is_cuda, m, n, k)
+        key = (prologue, bias is not None, triton.next_power_of_2(m), n, k, x.dtype, x.device, pdl)
+        config = pick_config(key, run, x.is_cuda, m, n, k)
     run(config)
     return out, new_residual
 
 
 def skinny_linear_triton(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-                         out: torch.Tensor | None = None, config: SkinnyConfig | None = None) -> torch.Tensor:
-    """x [M, K] @ w [N, K]^T (+ bias [N]) -> [M, N] in x's dtype (written to `out` if given)."""
-    return _skinny(PROLOGUE_NONE, x, w, bias, out, config=config)[0]
+                         out: torch.Tensor | None = None, config: SkinnyConfig | None = None,
+                         pdl: bool = False) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T (+ bias [N]) -> [M, N] in x's dtype (written to `out` if given).
+    pdl: launched as a programmatic dependent launch (Hopper; see the module's docstring)."""
+    return _skinny(PROLOGUE_NONE, x, w, bias, out, config=config, pdl=pdl)[0]
 
 
 def rms_norm_linear_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                            eps: float, w: torch.Tensor, bias: torch.Tensor | None = None,
-                           config: SkinnyConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                           config: SkinnyConfig | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x [+ residual]) * norm_weight) @ w^T (+ bias) -> (y [M, N], new residual [M, K])."""
-    return _skinny(PROLOGUE_RMS, x, w, bias, None, residual, norm_weight, eps, config)
+    return _skinny(PROLOGUE_RMS, x, w, bias, None, residual, norm_weight, eps, config, pdl)
 
 
 def silu_mul_linear_triton(gate_up: torch.Tensor, w: torch.Tensor,
-                           config: SkinnyConfig | None = None) -> torch.Tensor:
+                           config: SkinnyConfig | None = None, pdl: bool = False) -> torch.Tensor:
     """(silu(gate_up[:, :I]) * gate_up[:, I:]) @ w [N, I]^T -> [M, N] in gate_up's dtype."""
-    return _skinny(PROLOGUE_SILU, gate_up, w, None, None, config=config)[0]
+    return _skinny(PROLOGUE_SILU, gate_up, w, None, None, config=config, pdl=pdl)[0]

@@ -48,7 +48,7 @@ def load_hf_config(path: str | Path):
 
 def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype,
                hf_config=None, quantization: str = "", tp: TensorParallel = SINGLE,
-               skinny_max_tokens: int = 0) -> LlamaForCausalLM:
+               skinny_max_tokens: int = 0, pdl: bool = False) -> LlamaForCausalLM:
     """Builds the model for the folder's config.json (or hf_config, already loaded) and loads
     its safetensors weights. quantization: --quantization ("" or "fp8"); an FP8 checkpoint is
     FP8 either way. tp: this rank's share only (parallel/shard.py). skinny_max_tokens: the
@@ -62,7 +62,7 @@ def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype,
     if scheme is not None and scheme.strategy == "block":
         shard_fp8.check_blocks(args, tp, scheme.block)
     with torch.device("meta"):
-        model = LlamaForCausalLM(args, tp, 0 if scheme is not None else skinny_max_tokens).to(dtype)
+        model = LlamaForCausalLM(args, tp, 0 if scheme is not None else skinny_max_tokens, pdl).to(dtype)
         if scheme is not None:  # after .to(dtype), which would cast the fp8 weights
             fp8.replace_linears(model, scheme, dtype, shard.fused_bounds(args, tp))
     model = model.to_empty(device=device)

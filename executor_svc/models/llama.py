@@ -138,11 +138,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args, tp)
 
-    def forward(self, x, residual, positions, attn, kv_cache, cos_sin_cache, skinny: bool = False):
+    def forward(self, x, residual, positions, attn, kv_cache, cos_sin_cache, skinny: bool = False,
+                pdl: bool = False):
         """x: this layer's input delta [T, H]; residual: the running sum (None at layer 0).
-        skinny: run the fused decode path (layers.use_skinny decides it, from host ints)."""
+        skinny: run the fused decode path (layers.use_skinny decides it, from host ints), its
+        GEMMs as programmatic dependent launches with pdl."""
         if skinny:
-            return self._forward_skinny(x, residual, positions, attn, kv_cache, cos_sin_cache)
+            return self._forward_skinny(x, residual, positions, attn, kv_cache, cos_sin_cache, pdl)
         # FP8 w8a8 linears (at this row count, on CUDA) take their input quantized by the norm
         qkv_group = layers.fp8_input_group(self.self_attn.qkv_proj, x)
         if residual is None:
@@ -153,18 +155,18 @@ class DecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm(h, residual, layers.fp8_input_group(self.mlp.gate_up_proj, h))
         return self.mlp(h), residual
 
-    def _forward_skinny(self, x, residual, positions, attn, kv_cache, cos_sin_cache):
+    def _forward_skinny(self, x, residual, positions, attn, kv_cache, cos_sin_cache, pdl: bool):
         """The same layer in four skinny GEMM launches (kernels/skinny_gemm.py): each RMSNorm is
         the prologue of the GEMM after it, silu_and_mul the prologue of down_proj."""
         attn_mod, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
         qkv, residual = layers.rms_norm_linear(x, residual, norm1.weight, norm1.eps,
-                                               attn_mod.qkv_proj.weight, attn_mod.qkv_proj.bias)
+                                               attn_mod.qkv_proj.weight, attn_mod.qkv_proj.bias, pdl=pdl)
         o = attn_mod.attend(qkv, positions, attn, kv_cache, cos_sin_cache)
-        h = self.tp.all_reduce(layers.skinny_linear(o, attn_mod.o_proj.weight, attn_mod.o_proj.bias))
+        h = self.tp.all_reduce(layers.skinny_linear(o, attn_mod.o_proj.weight, attn_mod.o_proj.bias, pdl=pdl))
         gate_up, residual = layers.rms_norm_linear(h, residual, norm2.weight, norm2.eps,
-                                                   mlp.gate_up_proj.weight, mlp.gate_up_proj.bias)
-        return self.tp.all_reduce(layers.silu_mul_linear(gate_up, mlp.down_proj.weight)), residual
+                                                   mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, pdl=pdl)
+        return self.tp.all_reduce(layers.silu_mul_linear(gate_up, mlp.down_proj.weight, pdl=pdl)), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -172,7 +174,8 @@ class LlamaForCausalLM(nn.Module):
 
     skinny_max_tokens: steps of 1..skinny_max_tokens tokens on CUDA (and compute_logits of as
     many rows) run the fused skinny-GEMM decode path; 0 (the default) = off. The loader passes
-    --skinny-max-tokens (at most kernels.SKINNY_MAX_M) for dense CUDA models.
+    --skinny-max-tokens (at most kernels.SKINNY_MAX_M) for dense CUDA models; pdl: their GEMMs as
+    programmatic dependent launches (--pdl on a Hopper GPU).
 
     args: the whole model's shape; cache_args: this rank's (its KV heads: what the KV cache
     holds), args itself without tensor parallelism.
@@ -182,9 +185,10 @@ class LlamaForCausalLM(nn.Module):
 
     kv_scales: list[tuple[float, float]] | None = None
 
-    def __init__(self, args: ModelArgs, tp: TensorParallel = SINGLE, skinny_max_tokens: int = 0):
+    def __init__(self, args: ModelArgs, tp: TensorParallel = SINGLE, skinny_max_tokens: int = 0,
+                 pdl: bool = False):
         super().__init__()
-        self.args, self.tp, self.skinny_max_tokens = args, tp, skinny_max_tokens
+        self.args, self.tp, self.skinny_max_tokens, self.pdl = args, tp, skinny_max_tokens, pdl
         self.cache_args = rank_args = tp.rank_args(args)
         if tp.size > 1:
             self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, tp)
@@ -207,7 +211,7 @@ class LlamaForCausalLM(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         skinny = layers.use_skinny(x, self.skinny_max_tokens)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, positions, attn, kv_cache, self.cos_sin_cache, skinny)
+            x, residual = layer(x, residual, positions, attn, kv_cache, self.cos_sin_cache, skinny, self.pdl)
         x, _ = self.norm(x, residual)
         return x
 
@@ -220,7 +224,7 @@ class LlamaForCausalLM(nn.Module):
                      else torch.matmul(hidden, weight.t()))
             return gather_logits(local, self.tp, self.args.vocab_size, out)
         if layers.use_skinny(hidden, self.skinny_max_tokens):
-            logits = layers.skinny_linear(hidden, self.lm_head.weight, out=out)
+            logits = layers.skinny_linear(hidden, self.lm_head.weight, out=out, pdl=self.pdl)
             return logits if out is not None else logits.float()
         if out is not None:
             return torch.matmul(hidden, self.lm_head.weight.t(), out=out)
