@@ -14,8 +14,8 @@ M == 1 runs a GEMV (fp32 products, reduced once at the end); 2 <= M <= 16 pad th
 16-row `tl.dot` tile (the smallest tensor-core M, hence MAX_M = 16). fp32 accumulation, IEEE
 products for fp32. K is a compile-time constant (a model has two): constant trip counts.
 
-Config (kernels/skinny_tune.py): the first call of a (prologue, bias, M bucket, N, K, dtype,
-pdl) key times CONFIGS in CUDA graphs with a cold L2 (kernel + split reduce; not
+Config (kernels/skinny_tune.py): the first call of a (prologue, bias, M bucket, N, K, dtype)
+key times CONFIGS in CUDA graphs with a cold L2 (kernel + split reduce; not
 @triton.autotune, which would time the kernel alone and choose too late to size the scratch) and
 caches the fastest. Tuning syncs: it must run at warm-up, before capture (GraphRunner runs each
 size once first); a key first met in a capture, or interpreted, takes `default_config`. Then
@@ -25,7 +25,8 @@ pdl (Hopper): launched as a programmatic dependent launch, the kernel may start 
 before it in the stream is still finishing; it waits (`gdc_wait`) before reading anything a
 kernel writes, and lets the next one start once all its programs run (`gdc_launch_dependents`).
 The GEMV's first W tile is loaded before the wait: the weights are never written by a step, so
-the start of the weight stream overlaps the previous kernel's tail.
+the start of the weight stream overlaps the previous kernel's tail. A launch with and without
+pdl shares its key's config, so the two give the same bits.
 """
 
 from __future__ import annotations
@@ -229,7 +230,7 @@ def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor 
         _launch(cfg, prologue, x, residual, norm_weight, new_residual, w, bias, out, eps, pdl)
 
     if config is None:
-        key = (prologue, bias is not None, triton.next_power_of_2(m), n, k, x.dtype, x.device, pdl)
+        key = (prologue, bias is not None, triton.next_power_of_2(m), n, k, x.dtype, x.device)  # pdl or not: one config
         config = pick_config(key, run, x.is_cuda, m, n, k)
     run(config)
     return out, new_residual
