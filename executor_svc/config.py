@@ -48,8 +48,9 @@ class ExecutorConfig:
     # norm + qkv, silu + down, o_proj, lm_head) instead of cuBLAS + separate norm / activation;
     # 0 = off. 1 by default: measured faster at 1 row only (docs/kernels.md)
     skinny_max_tokens: int = 1
-    # the skinny GEMMs launched as programmatic dependent launches (Hopper+; kernels/skinny_gemm.py)
-    pdl: bool = False
+    # the skinny GEMMs launched as programmatic dependent launches (Hopper+; kernels/skinny_gemm.py):
+    # W1 device time 0.95x on the H200 (docs/benchmarks.md, Runs X)
+    pdl: bool = True
     max_logprobs: int = MAX_LOGPROBS  # most top alternatives a request may ask per position (vLLM's name)
     # "fp8": quantize every linear weight of an unquantized checkpoint to e4m3 at load, per
     # output channel (vLLM's flag); "" = as the checkpoint is (an FP8 checkpoint is FP8 anyway)
@@ -236,8 +237,10 @@ def _parser() -> argparse.ArgumentParser:
     switch(p, "insecure-no-auth", "serve without an internal token: any process that reaches the "
            "port can reset the executor and send it plans")
     switch(p, "enable-reflection", "serve gRPC server reflection")
-    switch(p, "pdl", "launch the skinny decode GEMMs as programmatic dependent launches (CUDA, "
-           "compute capability 9.0+; ignored elsewhere): each may start during the kernel before it")
+    p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=_env("pdl", True),
+                   help="launch the skinny decode GEMMs as programmatic dependent launches (CUDA, compute "
+                   "capability 9.0+; ignored elsewhere): each may start during the kernel before it (on "
+                   "by default; also LLMSERVE_EXECUTOR_PDL)")
     return p
 
 

@@ -71,7 +71,10 @@ def test_a_graph_of_dependent_launches_gives_the_plain_chains_bits():
         assert torch.equal(logits, expected[0]) and torch.equal(res, expected[1])
 
 
-def test_the_executor_switch():
+def test_the_executor_switch(monkeypatch):
+    assert ExecutorConfig.from_args(["--model", "m"]).pdl is True  # on by default
+    assert ExecutorConfig.from_args(["--model", "m", "--no-pdl"]).pdl is False
+    monkeypatch.setenv("LLMSERVE_EXECUTOR_PDL", "0")
     assert ExecutorConfig.from_args(["--model", "m"]).pdl is False
     assert ExecutorConfig.from_args(["--model", "m", "--pdl"]).pdl is True
 
