@@ -39,7 +39,7 @@ import torch
 import kernels
 from executor_svc.sample.ops import SamplingTensors, scale_and_cut
 from executor_svc.sample.sampler import Sampler
-from executor_svc.worker.host_device import PinnedOut, Staged
+from executor_svc.worker.staged import PinnedOut, Staged
 from executor_svc.worker.input_batch import InputBatch, RequestState
 from executor_svc.worker.step_buffers import StepBuffers
 from executor_svc.worker.step_inputs import Scheduled

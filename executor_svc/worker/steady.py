@@ -25,7 +25,7 @@ import torch
 
 import kernels
 from executor_svc.sample.sampler import Sampler
-from executor_svc.worker.host_device import Staged
+from executor_svc.worker.staged import Staged
 from executor_svc.worker.input_batch import InputBatch
 from executor_svc.worker.plan_apply import Admitted
 from executor_svc.worker.step_buffers import StepBuffers

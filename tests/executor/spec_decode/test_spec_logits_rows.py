@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from executor_svc.worker.host_device import Staged
+from executor_svc.worker.staged import Staged
 from step_protocol.domain import StepPlan
 from tests.executor.conftest import cached_rows, make_runner
 from tests.executor.spec_decode.test_spec_chain import greedy, start, verify_row

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from executor_svc.worker.host_device import PinnedOut, Staged
+from executor_svc.worker.staged import PinnedOut, Staged
 
 CPU = torch.device("cpu")
 
