@@ -158,6 +158,23 @@ class Sampler:
               else compute_logprobs(logits, sampled, step.num_logprobs))
         return Sampled(host, PendingLogprobs(lp, step.num_logprobs))
 
+    @staticmethod
+    def greedy_only(step: SampleStep) -> bool:
+        """Whether the step's samples are just the argmax of its logits rows (every row greedy,
+        no processor, mask, penalty count or logprobs): then `take_argmax` may stand for sample."""
+        return step.all_greedy and step.plain and not step.need_penalties and step.num_logprobs < 0
+
+    def take_argmax(self, ids: torch.Tensor, step: SampleStep) -> Sampled:
+        """What sample() does after drawing, for ids [N] = the argmax of the step's logits rows
+        computed by the caller (a greedy verify step takes its drafts' and its rows' argmax in
+        one launch, model_runner.py); only for a greedy_only(step) step: the same ids sample()
+        would draw (its greedy rows take the lowest index of the maximum, as argmax does)."""
+        n = step.num_sample
+        self.last_tokens.index_copy_(0, self.inputs.rows.gpu[:n], ids)
+        host = self._host[self._parity][:n]
+        host.copy_(ids, non_blocking=True)
+        return Sampled(host, None)
+
     def _keep_unconsumed(self, sampled: torch.Tensor, n: int) -> None:
         """Keeps the constrained rows' tokens of this step (their own pinned copy: the step's
         host buffer is reused two steps later) for the next masked step's catch-up."""

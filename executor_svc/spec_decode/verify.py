@@ -189,13 +189,17 @@ class Verifier:
                           parity=parity)
 
     def verify(self, v: VerifyRows, logits: torch.Tensor, draft_ids: torch.Tensor, last_tokens: torch.Tensor,
-               prev_last: torch.Tensor | None) -> VerifyOutcome:
+               prev_last: torch.Tensor | None, greedy: torch.Tensor | None = None) -> VerifyOutcome:
         """Scores the drafts (logits [D, V] of v.token_index) and picks each row's tokens; its
         final token replaces the bonus token the sampler stored (last_tokens[v.rows]); records
         in chain_ok whether each row accepted every draft. A chained row whose chain_ok was
         false is void: its final token is prev_last (the row's last token before the sampler's
-        write this step). The scan is one kernel (kernels.verify_scan)."""
-        accepted, recovered = rejection_sample(logits, draft_ids, v.params)
+        write this step). The scan is one kernel (kernels.verify_scan). greedy: the argmax of
+        `logits` computed already (every draft row greedy: the rule is then argmax == draft)."""
+        if greedy is not None:
+            accepted, recovered = greedy == draft_ids, greedy
+        else:
+            accepted, recovered = rejection_sample(logits, draft_ids, v.params)
         tokens, num_accepted, final, valid = kernels.verify_scan(
             accepted, recovered, draft_ids, v.draft_start, v.drafts_per_row, v.rows, last_tokens, self.chain_ok,
             v.chained, prev_last, v.max_drafts)

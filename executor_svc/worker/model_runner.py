@@ -154,18 +154,24 @@ class ModelRunner:
             handle = StepHandle(out, timer=timer, prev_end=before.end_event if before is not None else None)
             last = self.sampler.last_tokens
             prev_last = last[spec.rows] if spec is not None and spec.chained is not None else None
+            greedy = None  # a greedy verify step's argmax of its drafts' logits rows
             if step.num_sample and self.ranks.decides:
                 every_row = shape is not None and shape.decode and step.num_sample == step.num_reqs
                 graph_size = shape.num_reqs if every_row else 0
                 if sampling.need_masks and spec is None and self.ranks.alone:
                     self._deferred.defer(handle, logits, sampling, graph_size)  # its masks need N-1's tokens
+                elif spec is not None and spec.logits_row == step.num_sample and spec.params.all_greedy \
+                        and self.sampler.greedy_only(sampling):  # one argmax: the rows' samples, then the drafts'
+                    ids = logits[:num_logits].argmax(dim=-1)
+                    handle.sampled = self.sampler.take_argmax(ids[:step.num_sample], sampling)
+                    greedy = ids[step.num_sample:]
                 else:
                     handle.sampled = self.sampler.sample(logits[:step.num_sample], sampling, graph_size)
             if spec is not None:  # verify steps: eager or a mixed graph; the drafts' logits rows follow the sampled
                 draft_logits = (logits[spec.logits_row:num_logits] if spec.logits_row is not None  # every rank
                                 else self.model.compute_logits(hidden[spec.token_index]))
                 if self.ranks.decides:  # (the verify writes the rows' last tokens: the final ones)
-                    handle.verify = (spec, self.verifier.verify(spec, draft_logits, drafts, last, prev_last))
+                    handle.verify = (spec, self.verifier.verify(spec, draft_logits, drafts, last, prev_last, greedy))
             if step.num_sample and handle.deferred is None:
                 self.ranks.share_last_tokens(last)  # the deciding rank's, once final
             if prompt_rows is not None:
