@@ -91,13 +91,15 @@ def paged_decode_attention(
     sliding_window: int | None = None,  # host int per layer: keys q - W < k <= q; None / 0 = full
     k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (read value = fp8 * scale)
     v_scale: torch.Tensor | None = None,
+    pdl: bool = False,  # CUDA: programmatic dependent launches (compute capability 9.0+)
 ) -> torch.Tensor:
     """Decode attention, one query token per row; CUDA-graph capturable on the Triton path."""
     if q.is_cuda:
         from kernels.attention_decode import paged_decode_attention_triton
 
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                             sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale)
+                                             sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale,
+                                             pdl=pdl)
     return reference.paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale,
                                                       sliding_window, k_scale, v_scale)
 
@@ -156,6 +158,7 @@ def rotary_write_kv(
     eps: float = 1e-6,
     k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (as write_kv)
     v_scale: torch.Tensor | None = None,
+    pdl: bool = False,  # CUDA: a programmatic dependent launch (compute capability 9.0+)
 ) -> torch.Tensor:
     """[q/k per-head RMSNorm] + rotary + write_kv in one launch; returns a new q [num_tokens, num_heads, head_dim]."""
     args = (positions, qkv, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
@@ -163,7 +166,7 @@ def rotary_write_kv(
     if qkv.is_cuda:
         from kernels.rotary_cache import rotary_write_kv_triton
 
-        return rotary_write_kv_triton(*args, k_scale=k_scale, v_scale=v_scale)
+        return rotary_write_kv_triton(*args, k_scale=k_scale, v_scale=v_scale, pdl=pdl)
     return reference.rotary_write_kv_reference(*args, k_scale=k_scale, v_scale=v_scale)
 
 

@@ -47,7 +47,11 @@ def _paged_decode_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, SLIDING: tl.constexpr,
     FP8: tl.constexpr, F16_DOT: tl.constexpr,  # F16_DOT: FP8 cache, 16-bit q: products in fp16
+    USE_PDL: tl.constexpr = False,  # a programmatic dependent launch (kernels/skinny_gemm.py)
 ):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -121,9 +125,12 @@ def _paged_decode_kernel(
 def _decode_reduce_kernel(
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     stride_os, stride_oh, num_heads, num_splits,
-    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     """Merges the split partials of one (seq, head): out = sum(w * acc) / sum(w * l), w = 2^(m - max m)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
@@ -213,6 +220,7 @@ def paged_decode_attention_triton(
     num_stages: int | None = None,  # override (tuning)
     k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (needed there)
     v_scale: torch.Tensor | None = None,
+    pdl: bool = False,  # programmatic dependent launches (compute capability 9.0+)
 ) -> torch.Tensor:
     num_heads, num_kv_heads, head_dim, block_size = check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
     fp8 = check_kv_scales(k_cache, k_scale, v_scale)
@@ -246,6 +254,7 @@ def paged_decode_attention_triton(
         part_acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
     else:
         part_m = part_l = part_acc = out  # unused
+    launch = {"launch_pdl": True} if pdl else {}  # (the interpreter takes no launch_pdl)
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens,
         out, part_acc, part_m, part_l,
@@ -258,13 +267,14 @@ def paged_decode_attention_triton(
         num_splits, window,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, DIRECT=num_splits == 1, SLIDING=window > 0,
-        FP8=fp8, F16_DOT=fp8 and q.dtype != torch.float32, num_warps=num_warps, num_stages=num_stages,
+        FP8=fp8, F16_DOT=fp8 and q.dtype != torch.float32, USE_PDL=pdl, num_warps=num_warps,
+        num_stages=num_stages, **launch,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
             out, part_acc, part_m, part_l,
             out.stride(0), out.stride(1), num_heads, num_splits,
-            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits),
-            num_warps=1 if head_dim <= 64 else 2,
+            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), USE_PDL=pdl,
+            num_warps=1 if head_dim <= 64 else 2, **launch,
         )
     return out

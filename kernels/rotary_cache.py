@@ -50,8 +50,11 @@ def _rotary_write_kv_kernel(
     eps,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, IS_NEOX: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # a programmatic dependent launch: wait for the kernel before (kernels/skinny_gemm.py)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     dtype = qkv_ptr.dtype.element_ty
@@ -119,6 +122,7 @@ def rotary_write_kv_triton(
     out: torch.Tensor | None = None,  # [T, num_heads, head_dim] contiguous, for q; new if None
     k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (needed there)
     v_scale: torch.Tensor | None = None,
+    pdl: bool = False,  # a programmatic dependent launch (compute capability 9.0+)
 ) -> torch.Tensor:
     """Returns the rotated q as a contiguous [T, num_heads, head_dim] tensor (`out` if given, else
     new); writes the rotated k and v to the cache."""
@@ -173,6 +177,6 @@ def rotary_write_kv_triton(
         eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
         IS_NEOX=is_neox, HAS_Q_NORM=q_norm_weight is not None, HAS_K_NORM=k_norm_weight is not None,
-        FP8=fp8, num_warps=1 if head_dim <= 128 else 2,
+        FP8=fp8, USE_PDL=pdl, num_warps=1 if head_dim <= 128 else 2, **({"launch_pdl": True} if pdl else {}),
     )
     return q

@@ -93,9 +93,10 @@ class Attention(nn.Module):
                                                           cos_sin_cache)))
 
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
-               kv_cache: KVCache, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+               kv_cache: KVCache, cos_sin_cache: torch.Tensor, pdl: bool = False) -> torch.Tensor:
         """The fused projection qkv [T, q_size + 2 kv_size] -> attention output [T, q_size]
-        (before o_proj); writes this step's k and v into the cache."""
+        (before o_proj); writes this step's k and v into the cache. pdl: the decode path's
+        kernels as programmatic dependent launches (the skinny decode layer's chain)."""
         t = qkv.shape[0]
         k_cache, v_cache, k_scale, v_scale = kv_cache
         # One launch: [Qwen3 q/k norm] + rope on q and k + k, v into the paged cache; q comes back
@@ -105,11 +106,11 @@ class Attention(nn.Module):
             self.num_heads, self.num_kv_heads, self.head_dim,
             q_norm_weight=self.q_norm.weight if self.q_norm is not None else None,
             k_norm_weight=self.k_norm.weight if self.k_norm is not None else None,
-            eps=self.q_norm.eps if self.q_norm is not None else 1e-6, k_scale=k_scale, v_scale=v_scale,
+            eps=self.q_norm.eps if self.q_norm is not None else 1e-6, k_scale=k_scale, v_scale=v_scale, pdl=pdl,
         )
         if attn.is_decode:
             o = layers.paged_decode_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
-                                              self.scale, self.sliding_window, k_scale, v_scale)
+                                              self.scale, self.sliding_window, k_scale, v_scale, pdl=pdl)
         else:
             o = layers.paged_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
                                        attn.query_start_loc, self.scale, attn.max_query_len,
@@ -162,7 +163,7 @@ class DecoderLayer(nn.Module):
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
         qkv, residual = layers.rms_norm_linear(x, residual, norm1.weight, norm1.eps,
                                                attn_mod.qkv_proj.weight, attn_mod.qkv_proj.bias, pdl=pdl)
-        o = attn_mod.attend(qkv, positions, attn, kv_cache, cos_sin_cache)
+        o = attn_mod.attend(qkv, positions, attn, kv_cache, cos_sin_cache, pdl)
         h = self.tp.all_reduce(layers.skinny_linear(o, attn_mod.o_proj.weight, attn_mod.o_proj.bias, pdl=pdl))
         gate_up, residual = layers.rms_norm_linear(h, residual, norm2.weight, norm2.eps,
                                                    mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, pdl=pdl)

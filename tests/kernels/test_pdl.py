@@ -1,8 +1,10 @@
-"""The skinny GEMMs as programmatic dependent launches (kernels/skinny_gemm.py, pdl=True; CUDA,
-compute capability 9.0+): the same bits as plain launches for every variant and a split-K
-config, eagerly and in a CUDA graph chaining a decode layer's four launches and the lm_head
-(each launch reading the one before it: a kernel that read its input before its wait would
-differ); and the executor's --pdl switch."""
+"""Programmatic dependent launches (pdl=True; CUDA, compute capability 9.0+) of the decode
+layer's kernels: the skinny GEMMs (kernels/skinny_gemm.py), rotary + KV write, decode attention
+and its split reduce. The same bits as plain launches for every skinny variant and a split-K
+config, for rotary and attention (split and not), eagerly and in a CUDA graph chaining a decode
+layer's four GEMM launches and the lm_head (each launch reading the one before it: a kernel
+that read its input before its wait would differ); a runner with it decodes the same tokens;
+and the executor's --pdl switch."""
 
 from __future__ import annotations
 
@@ -48,6 +50,32 @@ def test_pdl_launches_give_the_plain_launches_bits(m):
             if not pdl_args:
                 plain = got
         assert all(torch.equal(a, b) for a, b in zip(plain, got)), cfg
+
+
+@pytest.mark.cuda
+@needs_hopper
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_rotary_and_decode_attention_as_dependent_launches_give_the_plain_bits(num_splits):
+    from kernels.attention_decode import paged_decode_attention_triton
+    from kernels.rotary_cache import rotary_write_kv_triton
+
+    heads, kv_heads, dim, block, seqs = 8, 2, 64, 16, 3
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(seqs, (heads + 2 * kv_heads) * dim, generator=gen).to(torch.bfloat16).cuda()
+    cos_sin = torch.randn(256, dim, generator=gen).cuda()
+    positions = torch.tensor([4, 32, 63], device="cuda")
+    block_tables = torch.randperm(16, generator=gen)[:12].view(seqs, 4).to(torch.int32).cuda()
+    slots = (block_tables[torch.arange(seqs), positions // block].long() * block + positions % block).cuda()
+    seq_lens = (positions + 1).to(torch.int32)
+    results = []
+    for pdl in (False, True):
+        caches = [torch.randn(16, block, kv_heads, dim, generator=torch.Generator().manual_seed(6)).to(
+            torch.bfloat16).cuda() for _ in range(2)]
+        q = rotary_write_kv_triton(positions, qkv, cos_sin, *caches, slots, heads, kv_heads, dim, pdl=pdl)
+        out = paged_decode_attention_triton(q, *caches, block_tables, seq_lens, dim ** -0.5,
+                                            num_splits=num_splits, pdl=pdl)
+        results.append((q, out, *caches))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
 @pytest.mark.cuda
