@@ -40,6 +40,20 @@ def start(runner) -> int:
     return runner.execute(StepPlan(0, new_requests=[new])).token_ids[0]
 
 
+def accept_then_reject(runner, ref: list[int]) -> None:
+    """After start(runner): a verify row whose 3 drafts are all accepted, then one whose second
+    draft is rejected (its token instead), then a plain decode step over the rolled-back slots;
+    ref: the greedy continuation (greedy())."""
+    assert start(runner) == ref[0]
+    r = runner.execute(verify_row(1, ref[1:4]))  # 3 drafts, all accepted, then the bonus token
+    assert (r.token_ids, r.num_tokens) == (ref[1:5], [4])
+    wrong = (ref[6] + 1) % 50
+    r = runner.execute(verify_row(2, [ref[5], wrong, ref[7]]))  # the second rejected: its token instead
+    assert (r.token_ids, r.num_tokens) == (ref[5:7], [2])
+    r = runner.execute(StepPlan(3, cached_requests=cached_rows((1, 1))))  # the rolled-back slots given back
+    assert r.token_ids == [ref[7]]
+
+
 def test_a_chained_row_after_a_full_acceptance_continues_exactly(runner):
     ref = greedy(runner, 10)
     assert start(runner) == ref[0]

@@ -10,9 +10,8 @@ from unittest import mock
 import pytest
 
 from executor_svc.sample.sampler import Sampler
-from step_protocol.domain import StepPlan
-from tests.executor.conftest import cached_rows, make_runner
-from tests.executor.spec_decode.test_spec_chain import greedy, start, verify_row
+from tests.executor.conftest import make_runner
+from tests.executor.spec_decode.test_spec_chain import accept_then_reject, greedy
 
 
 @pytest.mark.parametrize("one_argmax", [True, False])
@@ -28,14 +27,7 @@ def test_a_greedy_verify_step_takes_one_argmax_and_the_general_paths_tokens(mode
     runner.sampler.take_argmax = spy
     ref = greedy(runner, 12)
     with mock.patch.object(Sampler, "greedy_only", staticmethod(lambda step: one_argmax)):
-        assert start(runner) == ref[0]
-        r = runner.execute(verify_row(1, ref[1:4]))  # 3 drafts, all accepted, then the bonus token
-        assert (r.token_ids, r.num_tokens) == (ref[1:5], [4])
-        wrong = (ref[6] + 1) % 50
-        r = runner.execute(verify_row(2, [ref[5], wrong, ref[7]]))  # the second rejected: its token instead
-        assert (r.token_ids, r.num_tokens) == (ref[5:7], [2])
-        r = runner.execute(StepPlan(3, cached_requests=cached_rows((1, 1))))  # a plain decode step after
-        assert r.token_ids == [ref[7]]
+        accept_then_reject(runner, ref)
     assert taken == ([1, 1] if one_argmax else [])  # the two verify steps' one sampled row each
 
 

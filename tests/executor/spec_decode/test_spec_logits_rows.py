@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 
 from executor_svc.worker.staged import Staged
-from step_protocol.domain import StepPlan
-from tests.executor.conftest import cached_rows, make_runner
-from tests.executor.spec_decode.test_spec_chain import greedy, start, verify_row
+from tests.executor.conftest import make_runner
+from tests.executor.spec_decode.test_spec_chain import accept_then_reject, greedy
 
 
 @pytest.mark.parametrize("packed", [False, True])  # the verify rows' columns packed into staging, as on CUDA
@@ -27,13 +26,5 @@ def test_draft_logits_from_either_path_give_the_greedy_continuation(model_dirs, 
         return rows
 
     runner.verifier.prepare = spy
-    ref = greedy(runner, 12)
-    assert start(runner) == ref[0]
-    r = runner.execute(verify_row(1, ref[1:4]))  # 3 drafts, all accepted, then the bonus token
-    assert (r.token_ids, r.num_tokens) == (ref[1:5], [4])
-    wrong = (ref[6] + 1) % 50
-    r = runner.execute(verify_row(2, [ref[5], wrong, ref[7]]))  # the second rejected: its token instead
-    assert (r.token_ids, r.num_tokens) == (ref[5:7], [2])
-    r = runner.execute(StepPlan(3, cached_requests=cached_rows((1, 1))))  # the rolled-back slots given back
-    assert r.token_ids == [ref[7]]
+    accept_then_reject(runner, greedy(runner, 12))
     assert seen == [expected_row, expected_row]  # 1 sampled row + 3 drafts: 4 logits rows
