@@ -28,6 +28,7 @@ from executor_svc.sample.logprobs import PendingLogprobs, PromptLogprobRows, pro
 from executor_svc.sample.ops import SamplingTensors, sample
 from executor_svc.sample.rows import SamplingRows
 from executor_svc.worker.host_device import to_device, to_host
+from kernels.reference import bitmask_allows
 from step_protocol.domain import NewRequestData
 
 
@@ -135,15 +136,19 @@ class Sampler:
         if graphs is not None and step.plain:
             sampled = graphs.sample(graph_size, n)  # the common decode step: one more replay
         else:
-            processed = logits
-            if step.need_processors:
-                processed = (graphs.processors(graph_size, n) if graphs is not None
-                             else apply_processors(logits, self.inputs.processor_params(n), tables))
             masks = None
             if step.need_masks:  # after the last step's tokens are consumed (grammar.py, "When")
                 self._catch_up()
                 step_rows = self.inputs.rows.np[:n]
                 masks = self.grammar.fill(step_rows, self.rows.uses_grammar[step_rows])
+            processed = logits
+            if step.need_processors and masks is not None:  # min_p must see only what the grammar
+                # allows (else it may cut every allowed token): eager, over a masked copy
+                allowed = logits.masked_fill(~bitmask_allows(masks, logits.shape[-1]), float("-inf"))
+                processed = apply_processors(allowed, self.inputs.processor_params(n), tables)
+            elif step.need_processors:
+                processed = (graphs.processors(graph_size, n) if graphs is not None
+                             else apply_processors(logits, self.inputs.processor_params(n), tables))
             sampled = sample(processed, self.inputs.tensors(n, step.all_greedy, step.need_top_k_top_p), masks)
             self.last_tokens.index_copy_(0, rows, sampled)
         if step.need_penalties:

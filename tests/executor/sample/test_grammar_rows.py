@@ -1,5 +1,5 @@
 """Structured outputs on the executor (sample/grammar.py through the runner, CPU): every sampled
-token follows the row's grammar, pipelined launches advance the matchers in order, greedy output
+token follows the row's grammar (logits processors such as min_p see only its allowed tokens), pipelined launches advance the matchers in order, greedy output
 under a grammar equals the unconstrained output wherever that output satisfies it, a preempted
 request resumes its grammar, and a grammar that cannot be used fails its request alone."""
 
@@ -63,6 +63,17 @@ def test_sampled_tokens_follow_a_regex(runner, tokenizer, ahead, seed):
     eos = set(runner.info().eos_token_ids)
     assert tokens[-1] in eos  # the grammar ended the output
     assert re.fullmatch(r"[0-9]{2,4}-[a-c]+", text_of(tokenizer, tokens, eos))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_min_p_cuts_among_the_tokens_the_grammar_allows(runner, tokenizer, seed):
+    """min_p = 1 keeps only the most likely token: the most likely the grammar allows, not the
+    vocabulary's (cut first, every allowed token was gone: the row sampled outside its grammar)."""
+    grammar = to_grammar(regex(r"[0-9]{2,4}-[a-c]{1,3}", "regex"))
+    params = SamplerParams(temperature=1.0, seed=seed, grammar=grammar, min_p=1.0, repetition_penalty=1.1)
+    tokens = generate(runner, params, 40, ahead=True)
+    eos = set(runner.info().eos_token_ids)
+    assert tokens[-1] in eos and re.fullmatch(r"[0-9]{2,4}-[a-c]{1,3}", text_of(tokenizer, tokens, eos))
 
 
 def test_a_choice_is_one_of_the_choices(runner, tokenizer):
