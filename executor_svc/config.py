@@ -48,8 +48,9 @@ class ExecutorConfig:
     # norm + qkv, silu + down, o_proj, lm_head) instead of cuBLAS + separate norm / activation;
     # 0 = off. 1 by default: measured faster at 1 row only (docs/kernels.md)
     skinny_max_tokens: int = 1
-    # the skinny GEMMs launched as programmatic dependent launches (Hopper+; kernels/skinny_gemm.py):
-    # W1 device time 0.95x on the H200 (docs/benchmarks.md, Runs X)
+    # the skinny decode layer's kernels (GEMMs, rotary + KV write, attention) launched as
+    # programmatic dependent launches (compute capability 9.0+; docs/kernels.md): a b = 1 decode
+    # step's device time 0.895x on the H200 (docs/benchmarks.md, Runs X7)
     pdl: bool = True
     max_logprobs: int = MAX_LOGPROBS  # most top alternatives a request may ask per position (vLLM's name)
     # "fp8": quantize every linear weight of an unquantized checkpoint to e4m3 at load, per
@@ -238,7 +239,8 @@ def _parser() -> argparse.ArgumentParser:
            "port can reset the executor and send it plans")
     switch(p, "enable-reflection", "serve gRPC server reflection")
     p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=_env("pdl", True),
-                   help="launch the skinny decode GEMMs as programmatic dependent launches (CUDA, compute "
+                   help="launch the kernels of decode steps of at most --skinny-max-tokens rows (the skinny "
+                   "GEMMs, rotary + KV write, attention) as programmatic dependent launches (CUDA, compute "
                    "capability 9.0+; ignored elsewhere): each may start during the kernel before it (on "
                    "by default; also LLMSERVE_EXECUTOR_PDL)")
     return p
