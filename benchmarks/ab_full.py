@@ -3,8 +3,11 @@ running its own code (its own benchmarks.harness): lent machines differ by 30% o
 change is measured against the previous commit in the same call and quoted as a ratio.
 
     python benchmarks/ab_full.py OLD_TREE NEW_TREE [--rounds 2] [--json out.json] [--new-args "--flag ..."]
+    python benchmarks/ab_full.py OLD_TREE NEW_TREE --what spec     # n-gram speculation, batch 1 (spec_bench)
 
 --new-args: executor flags of the new tree's runs only (OLD_TREE = NEW_TREE = . compares a flag).
+--what spec: the spec section's repeat-passage task at batch 1 on the built-in SmolLM2 (bf16;
+LLMSERVE_SMOLLM2_GGUF), off and on in each tree: TPOT, speedup and the verify steps' host figures.
 """
 
 from __future__ import annotations
@@ -29,9 +32,21 @@ out = _full_system_run(model, Path(tempfile.mkdtemp()), [], runs, executor_args=
 print("ABRUN " + json.dumps(out))
 """
 
+SPEC_RUN = """
+import json, os, tempfile
+from pathlib import Path
+import torch
+from benchmarks import real_model, spec_bench
+folder = real_model.folders(Path(tempfile.gettempdir()) / "ab-smol")[torch.bfloat16]
+out = {}
+extra = tuple(os.environ.get("AB_EXECUTOR_ARGS", "").split())
+spec_bench.run(out, Path(tempfile.mkdtemp()), folder, "cuda", batches=(1,), executor_args=extra)
+print("ABRUN " + json.dumps(out))
+"""
 
-def run_tree(tree: Path, executor_args: str = "") -> dict:
-    done = subprocess.run([sys.executable, "-c", ONE_RUN], cwd=tree, capture_output=True, text=True,
+
+def run_tree(tree: Path, executor_args: str = "", code: str = ONE_RUN) -> dict:
+    done = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True,
                           timeout=600, env={**_env(tree), "AB_EXECUTOR_ARGS": executor_args})
     line = next((x for x in done.stdout.splitlines() if x.startswith("ABRUN ")), None)
     if line is None:
@@ -54,14 +69,18 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", type=Path)
     p.add_argument("--new-args", default="", help="executor flags of the new tree's runs")
+    p.add_argument("--what", choices=("serve", "spec"), default="serve")
     args = p.parse_args()
     rows = []
     for round_ in range(args.rounds):
         for label, tree in (("old", args.old), ("new", args.new)):
-            r = run_tree(tree, args.new_args if label == "new" else "")
+            r = run_tree(tree, args.new_args if label == "new" else "", SPEC_RUN if args.what == "spec" else ONE_RUN)
             rows.append({"tree": label, "round": round_, **r})
             if "error" in r:
                 print(f"{label} round {round_}: failed\n{r['error']}", flush=True)
+                continue
+            if args.what == "spec":
+                print_spec(label, round_, r)
                 continue
             w1, w2 = r["w1"], r["w2"]
             print(f"AB {label} r{round_}: W1 TPOT {w1['tpot_ms']:.3f} ms (launch "
@@ -74,6 +93,17 @@ def main() -> None:
                   flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+
+
+def print_spec(label: str, round_: int, r: dict) -> None:
+    off, on = r["off"]["b1"], r["on"]["b1"]
+    step = {k: on["per_step"].get(k, 0) for k in ("executor_launch_us", "executor_launch_cpu_us", "device_us",
+                                                 "device_idle_us", "executor_queued_us")}
+    print(f"AB {label} r{round_}: TPOT off {off['tpot_ms']:.3f} -> on {on['tpot_ms']:.3f} ms, "
+          f"{r['tpot_speedup']['b1']:.2f}x (outputs equal: {r['outputs']['b1']['equal']}; acceptance length "
+          f"{on['acceptance_length'] or 0:.2f}, {on['steps']} steps) | on, a step: launch {step['executor_launch_us']:.0f} "
+          f"(cpu {step['executor_launch_cpu_us']:.0f}) us, device {step['device_us']:.0f}, idle "
+          f"{step['device_idle_us']:.0f}, queued {step['executor_queued_us']:.0f}", flush=True)
 
 
 if __name__ == "__main__":

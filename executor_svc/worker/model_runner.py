@@ -28,7 +28,7 @@ from executor_svc.worker.ranks import OneDevice
 from executor_svc.worker.steady import SteadyDecode
 from executor_svc.worker.step_buffers import StepBuffers
 from executor_svc.worker.step_handle import Prepared, StepHandle
-from executor_svc.worker.step_inputs import PreparedStep, StepLimits, prepare_step
+from executor_svc.worker.step_inputs import PreparedStep, StepLimits, prepare_step, use_token_rows
 from executor_svc.worker.step_timer import EventPool, StepTimer
 from step_protocol.domain import ExecutorInfo, StepPlan, StepResult
 
@@ -243,7 +243,8 @@ class ModelRunner:
             step = self._steady.prepare(self.batch, self.buffers, admitted, self.limits.block_size,
                                         on_device=self.buffers.packed.packs)
         else:
-            step = prepare_step(self.batch, self.buffers, scheduled, self.limits)
+            step = prepare_step(self.batch, self.buffers, scheduled, self.limits,
+                                use_token_rows(scheduled, self._token_rows_max()))
             self._steady.remember(admitted.plan, step, scheduled, self.batch)
         sampling = self.sampler.prepare(step.sample_rows, step.sample_positions, parity, self._steady.key)
         prompt_rows = None if admitted.steady is not None else self.sampler.prompt_logprob_rows(  # (decode rows: none)
@@ -252,6 +253,13 @@ class ModelRunner:
         spec = None if scheduled.drafts is None else self.verifier.prepare(
             self.batch, self.sampler, self.buffers, scheduled, admitted.plan.draft_token_ids, step.sample_rows, parity)
         return Prepared(step, sampling, prompt_rows, spec)
+
+    def _token_rows_max(self) -> int:
+        """The most tokens a verify step lays out as token rows (step_inputs.py): its largest
+        decode graph's, or any the buffers hold when it runs eagerly."""
+        if self._graphs_on and self.graphs.sizes:
+            return self.graphs.sizes[-1]
+        return self.limits.max_num_seqs
 
     def _copy_inputs(self, step: PreparedStep, shape: GraphShape | None, num_logits: int,
                      parity: int) -> AttentionMetadata:

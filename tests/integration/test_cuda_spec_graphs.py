@@ -1,6 +1,6 @@
-"""Speculative verify steps replayed in CUDA graphs (mixed graphs keep every token's hidden
-state): greedy outputs token-exact with speculation off and with eager verify steps, and the
-verify steps really replayed a graph (skipped without CUDA)."""
+"""Speculative verify steps replayed in CUDA graphs (decode graphs of token rows, or mixed graphs,
+which keep every token's hidden state): greedy outputs token-exact with speculation off and with
+eager verify steps, and the verify steps really replayed a graph (skipped without CUDA)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def test_verify_steps_replay_graphs_and_stay_token_exact(runner, depth):
     assert in_graphs == reference == eager
     stats = scheduler.spec.stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
-    assert sizes and all(s in (8, 16, 32, 64) for s in sizes), sizes  # every verify step replayed
+    assert sizes and all(size > 0 for size, _ in sizes), sizes  # every verify step replayed a graph
+    assert any(decode for _, decode in sizes) and not all(decode for _, decode in sizes), sizes  # both kinds
 
 
 @pytest.mark.parametrize("draft_name", ["same", "small"])
@@ -76,7 +77,7 @@ def test_draft_model_on_cuda_with_graphs_is_token_exact(tmp_path_factory, draft_
         del runner.launch
     assert tokens == reference
     stats = scheduler.spec.stats
-    assert stats.num_draft_tokens > 0 and sizes and all(s in (8, 16, 32, 64) for s in sizes), sizes
+    assert stats.num_draft_tokens > 0 and sizes and all(size > 0 for size, _ in sizes), sizes
     if draft_name == "same":
         assert stats.num_accepted_tokens == stats.num_draft_tokens
 

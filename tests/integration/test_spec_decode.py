@@ -154,15 +154,22 @@ def test_both_services_with_speculation_match_transformers(tmp_path_factory, hf_
     assert values["llmserve:spec_decode_num_draft_tokens_total"] > 0
 
 
-def record_graph_sizes(runner) -> list[int]:
+def record_graph_sizes(runner) -> list[tuple[int, bool]]:
     """Wraps runner.launch (an instance attribute: `del runner.launch` restores it): the graph
-    size of every launched verify step (0 = eager) is appended to the returned list."""
+    size of every launched verify step (0 = eager) and whether it was a decode graph (token
+    rows, step_inputs.py) are appended to the returned list."""
     sizes, launch = [], runner.launch
+    graphs = runner.graphs
+    shapes = []
+    if graphs is not None and "replay" not in vars(graphs):
+        replay = graphs.replay
+        graphs.replay = lambda shape: shapes.append(shape) or replay(shape)
 
     def recording(plan, *args, **kw):
+        shapes.clear()
         handle = launch(plan, *args, **kw)
         if plan.num_draft_tokens:
-            sizes.append(handle.out.graph_size)
+            sizes.append((handle.out.graph_size, bool(shapes) and shapes[-1].decode))
         return handle
 
     runner.launch = recording

@@ -123,9 +123,14 @@ def test_mixed_steps_replay_padded_mixed_graphs_and_match_transformers(model_dir
     assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5)
 
 
-def test_verify_steps_replay_mixed_graphs_token_exact(model_dirs):
-    """Speculative verify rows through mixed graphs: the drafts' logits from the graph's
-    hidden-state buffer; greedy outputs equal those without speculation."""
+@pytest.mark.parametrize("sizes,mixed_sizes,decode_sizes", [
+    ((1, 2, 4, 8, 16, 32), (64,), {4, 8}),  # verify steps as token rows: decode graphs (64: a prefill rode along)
+    ((1, 2), (16, 32, 64), set()),  # more tokens than the decode graphs hold: mixed graphs
+])
+def test_verify_steps_replay_graphs_token_exact(model_dirs, sizes, mixed_sizes, decode_sizes):
+    """Speculative verify rows through graphs: as token rows (step_inputs.py), each token a decode
+    row of a decode graph, when the step fits one; else through a mixed graph, the drafts'
+    logits from its hidden-state buffer. Greedy outputs equal those without speculation."""
     from tests.integration.test_spec_decode import (
         SPEC,
         generate,
@@ -133,11 +138,15 @@ def test_verify_steps_replay_mixed_graphs_token_exact(model_dirs):
         record_graph_sizes,
     )
 
-    runner = runner_with_eager_graphs(model_dirs["tiny-llama"], (1, 2, 4, 8), (16, 32, 64))
+    runner = runner_with_eager_graphs(model_dirs["tiny-llama"], sizes, mixed_sizes)
     prompts = prompts_for(runner.info().vocab_size)
     reference, _ = generate(runner, prompts, None, depth=3)
-    sizes = record_graph_sizes(runner)
+    got = record_graph_sizes(runner)
     tokens, scheduler = generate(runner, prompts, SPEC, depth=3)
     assert tokens == reference
     assert 0 < scheduler.spec.stats.num_accepted_tokens < scheduler.spec.stats.num_draft_tokens
-    assert sizes and set(sizes) <= {16, 32, 64}, sizes  # every verify step replayed a mixed graph
+    assert got and all(size in (sizes if decode else mixed_sizes) for size, decode in got), got  # all replayed
+    decode = {size for size, is_decode in got if is_decode}
+    assert decode == decode_sizes, got
+    if decode_sizes:  # a mixed graph only for the two steps that a prefill chunk rode along
+        assert sum(not is_decode for _, is_decode in got) == 2, got

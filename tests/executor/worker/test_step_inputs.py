@@ -13,7 +13,7 @@ from executor_svc.sample.sampler import Sampler
 from executor_svc.worker.host_device import PackedTwins, TwinGroup
 from executor_svc.worker.input_batch import InputBatch
 from executor_svc.worker.step_buffers import StepBuffers
-from executor_svc.worker.step_inputs import Scheduled, StepLimits, prepare_step
+from executor_svc.worker.step_inputs import Scheduled, StepLimits, prepare_step, use_token_rows
 from step_protocol.domain import NewRequestData, SamplerParams
 
 BS, MAX_BLOCKS, SEQS, TOKENS = 4, 16, 32, 256
@@ -108,6 +108,39 @@ def test_prepare_step_equals_per_request_loop(seed):
             np.testing.assert_array_equal(twin.np[:size.get(name, ns)], np.array(value), err_msg=name)
         before[rows] += counts
         np.testing.assert_array_equal(batch.num_computed, before)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_token_rows_make_each_token_a_decode_row(seed):
+    """A verify step as token rows: the token columns as without, and token i is attention row
+    i: its request's block table, seq_len = its position + 1, one token a row (a decode step's
+    layout); the rows that sample and their logits rows the same."""
+    rng = np.random.default_rng(100 + seed)
+    batch, sampler = random_batch(rng, int(rng.integers(1, 8)))
+    batch.num_computed[:] = batch.num_known  # decode and verify rows only
+    rows = np.array([s.row for s in batch.requests.values()])
+    drafts = rng.integers(0, 5, len(rows))
+    sched = Scheduled(rows, drafts + 1, drafts)
+    assert use_token_rows(sched, SEQS) and not use_token_rows(sched, int(sched.counts.sum()) - 1)
+    assert not use_token_rows(Scheduled(rows, drafts + 2, drafts), SEQS)  # a longer chunk rode along
+    assert not use_token_rows(Scheduled(rows, drafts + 1), SEQS)  # no drafts: not a verify step
+    start = batch.num_computed.copy()
+    want = reference(batch, sampler.rows, rows.tolist(), (drafts + 1).tolist())
+    plain = StepBuffers(SEQS, TOKENS, MAX_BLOCKS, CPU)
+    flat = StepBuffers(SEQS, TOKENS, MAX_BLOCKS, CPU)
+    got = prepare_step(batch, flat, sched, LIMITS, token_rows=True)
+    batch.num_computed[:] = start
+    base = prepare_step(batch, plain, sched, LIMITS)
+    t = int(sched.counts.sum())
+    assert (got.num_reqs, got.num_tokens, got.max_query_len, got.is_decode) == (t, t, 1, True)
+    assert got.sample_rows.tolist() == base.sample_rows.tolist() == list(want["sample_rows"])
+    assert got.max_seq_len == base.max_seq_len
+    for name in ("input_ids", "use_last", "src_rows", "positions", "slot_mapping"):
+        np.testing.assert_array_equal(getattr(flat, name).np[:t], np.array(want[name]), err_msg=name)
+    np.testing.assert_array_equal(flat.logits_indices.np[:base.num_sample], plain.logits_indices.np[:base.num_sample])
+    np.testing.assert_array_equal(flat.query_start_loc.np[:t + 1], np.arange(t + 1))
+    np.testing.assert_array_equal(flat.seq_lens.np[:t], np.array(want["positions"]) + 1)
+    np.testing.assert_array_equal(flat.block_tables.np[:t], batch.block_table[np.repeat(rows, drafts + 1)])
 
 
 def test_sampler_group_members_are_views_of_one_buffer():
