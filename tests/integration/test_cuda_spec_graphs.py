@@ -48,7 +48,7 @@ def test_verify_steps_replay_graphs_and_stay_token_exact(runner, depth):
     stats = scheduler.spec.stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert sizes and all(size > 0 for size, _ in sizes), sizes  # every verify step replayed a graph
-    assert any(decode for _, decode in sizes) and not all(decode for _, decode in sizes), sizes  # both kinds
+    assert any(decode for _, decode in sizes), sizes  # token rows: decode graphs
 
 
 @pytest.mark.parametrize("draft_name", ["same", "small"])
