@@ -255,11 +255,9 @@ class ModelRunner:
         return Prepared(step, sampling, prompt_rows, spec)
 
     def _token_rows_max(self) -> int:
-        """The most tokens a verify step lays out as token rows (step_inputs.py): its largest
+        """The most tokens a verify step lays out as token rows (step_inputs.py): the largest
         decode graph's, or any the buffers hold when it runs eagerly."""
-        if self._graphs_on and self.graphs.sizes:
-            return self.graphs.sizes[-1]
-        return self.limits.max_num_seqs
+        return self.graphs.sizes[-1] if self._graphs_on and self.graphs.sizes else self.limits.max_num_seqs
 
     def _copy_inputs(self, step: PreparedStep, shape: GraphShape | None, num_logits: int,
                      parity: int) -> AttentionMetadata:
