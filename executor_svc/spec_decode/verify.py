@@ -14,8 +14,10 @@ The row answers its accepted drafts and that one token. Its num_computed was adv
 1 + d tokens at launch; the rejected drafts' slots are given back when the step is finished
 (Rollbacks, applied at the next launch). The Verifier owns what verification keeps across
 steps (the rows' chain flags, the pending rollbacks); a step's VerifyRows are made once, by
-Verifier.prepare, and never written after; verify() answers a VerifyOutcome. Verify steps replay mixed CUDA graphs (worker/cuda_graphs.py:
-their hidden states are kept) or run eagerly when larger than the largest.
+Verifier.prepare, and never written after; verify() answers a VerifyOutcome. A verify step of
+decode and verify rows that fits a decode graph runs as token rows (worker/step_inputs.py: each
+token a decode row) and replays that decode graph; others replay mixed CUDA graphs
+(worker/cuda_graphs.py: their hidden states are kept) or run eagerly when larger than the largest.
 
 Chained verify rows (StepPlan.draft_chained; docs/scheduler.md, "Verify rows that keep the
 pipeline"): the scheduler may plan a request's next verify row while its verify row is still in
