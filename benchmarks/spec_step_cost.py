@@ -117,9 +117,9 @@ def main() -> None:
     model = args.model or str(build_random_model(Path(tempfile.mkdtemp()) / "tiny", "tiny-llama"))
     # room for every verify token as a logits row and a decode-graph row (token rows): as served,
     # where max_num_seqs (256) exceeds a small batch's 1 + k tokens a row
-    rows = max(args.batches) * (1 + SPEC.num_speculative_tokens)
+    seqs = max(args.batches) * (1 + SPEC.num_speculative_tokens)
     runner = build_runner(ExecutorConfig.from_args(["--model", model, "--device", args.device,
-                                                    "--max-num-seqs", str(rows), "--insecure-no-auth"]))
+                                                    "--max-num-seqs", str(seqs), "--insecure-no-auth"]))
     rows = compare(runner, args.batches, temperature=args.temperature)
     for row in rows:
         print(f"b={row['batch']:<3} {row['mode']:<3} steps {row['steps']:>4} (verify {row['verify_steps']:>3}) "
