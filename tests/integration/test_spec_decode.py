@@ -161,8 +161,8 @@ def record_graph_sizes(runner) -> list[tuple[int, bool]]:
     sizes, launch = [], runner.launch
     graphs = runner.graphs
     shapes = []
-    if graphs is not None:  # (called again on one runner: the graphs' own replay, wrapped once)
-        replay = graphs._unrecorded_replay = getattr(graphs, "_unrecorded_replay", graphs.replay)
+    if graphs is not None:  # its class's replay: a second call on one runner wraps it afresh
+        replay = type(graphs).replay.__get__(graphs)
         graphs.replay = lambda shape: shapes.append(shape) or replay(shape)
 
     def recording(plan, *args, **kw):
