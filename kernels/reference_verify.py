@@ -42,3 +42,37 @@ def verify_scan_reference(
     chain_ok.index_copy_(0, rows, full)
     last_tokens.index_copy_(0, rows, final)
     return tokens, n, final, valid
+
+
+def greedy_verify_reference(
+    ids: torch.Tensor,  # [T] int64: each token row's argmax
+    input_ids: torch.Tensor,  # [T] int64: each token's input (a request's drafts at its tokens 1..d)
+    segments: torch.Tensor,  # [T] int32: (d << 1) | chained at a request's first token, -1 elsewhere
+    src_rows: torch.Tensor,  # [T] int64: each token's persistent row
+    last_tokens: torch.Tensor,  # [R] int64, in/out
+    chain_ok: torch.Tensor,  # [R] bool, in/out
+    counts: torch.Tensor,  # [T] int64, out
+) -> None:
+    """A greedy verify step laid out as token rows (one row per token, a request's tokens
+    consecutive), in one pass: per request (a first token s with d drafts), n = its leading
+    drafts that equal the argmax before them (ids[s + j] == input_ids[s + j + 1]); its tokens
+    are ids[s : s + n + 1] (the accepted drafts are those argmaxes; the last is the final token).
+    A chained request is valid iff chain_ok[row] (read before this step writes it); writes
+    chain_ok[row] = (valid and n == d), last_tokens[row] = ids[s + n] if valid (a void row keeps
+    its last token), counts[s] = n + 1 if valid else 0 and counts = 0 at every other token."""
+    counts.zero_()
+    starts = torch.nonzero(segments >= 0)[:, 0]
+    if not len(starts):
+        return
+    seg = segments[starts].long()
+    d, chained = seg >> 1, (seg & 1).bool()
+    j = torch.arange(int(d.max()), device=ids.device)
+    inside = j[None, :] < d[:, None]
+    at = torch.where(inside, starts[:, None] + j[None, :], torch.zeros_like(j)[None, :])
+    match = (ids[at] == input_ids[torch.where(inside, at + 1, at)]) & inside
+    n = match.long().cumprod(dim=1).sum(dim=1)
+    rows = src_rows[starts]
+    valid = ~chained | chain_ok[rows]
+    chain_ok.index_copy_(0, rows, valid & (n == d))
+    last_tokens.index_copy_(0, rows[valid], ids[starts + n][valid])
+    counts.index_copy_(0, starts, torch.where(valid, n + 1, 0))

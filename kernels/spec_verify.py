@@ -65,3 +65,35 @@ def verify_scan_triton(accepted, recovered, draft_ids, draft_start, num_drafts, 
             tokens, n, final, u8(valid) if has_chain else n, max_drafts + 1, HAS_CHAIN=has_chain,
             BLOCK_D=max(MIN_BLOCK_D, triton.next_power_of_2(max_drafts + 1)))
     return tokens, n, final, valid
+
+
+@triton.jit(do_not_specialize=["ids_ptr", "inputs_ptr", "seg_ptr", "src_ptr", "counts_ptr", "num_tokens"])
+def _greedy_verify_kernel(ids_ptr, inputs_ptr, seg_ptr, src_ptr, last_ptr, ok_ptr, counts_ptr, num_tokens,
+                          BLOCK_D: tl.constexpr):
+    i = tl.program_id(0)  # a token row: work only where a request starts
+    seg = tl.load(seg_ptr + i)
+    first = seg >= 0
+    d = tl.where(first, seg >> 1, 0)
+    j = tl.arange(0, BLOCK_D)
+    inside = (j < d) & (i + j + 1 < num_tokens)
+    pred = tl.load(ids_ptr + i + j, mask=inside, other=0)
+    draft = tl.load(inputs_ptr + i + j + 1, mask=inside, other=0)
+    n = tl.min(tl.where(inside & (pred != draft), j, d), axis=0)  # the first mismatch, else d
+    row = tl.load(src_ptr + i, mask=first, other=0)
+    chained = first & ((seg & 1) == 1)
+    valid = tl.load(ok_ptr + row, mask=chained, other=1) != 0  # (unchained rows: valid)
+    final = tl.load(ids_ptr + i + n, mask=first, other=0)
+    tl.store(ok_ptr + row, (valid & (n == d)).to(tl.uint8), mask=first)
+    tl.store(last_ptr + row, final, mask=first & valid)
+    tl.store(counts_ptr + i, tl.where(first & valid, n + 1, 0).to(tl.int64))
+
+
+def greedy_verify_triton(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts) -> None:
+    """kernels.greedy_verify on CUDA tensors (the reference's contract; up to MIN_BLOCK_D - 1
+    drafts a request, one variant: graph-capturable, no host sync)."""
+    check_same_device(ids=ids, input_ids=input_ids, segments=segments, src_rows=src_rows,
+                      last_tokens=last_tokens, chain_ok=chain_ok, counts=counts)
+    t = ids.numel()
+    if t:
+        _greedy_verify_kernel[(t,)](ids, input_ids, segments, src_rows, last_tokens, chain_ok.view(torch.uint8),
+                                    counts, t, BLOCK_D=MIN_BLOCK_D)

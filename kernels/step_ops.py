@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+GREEDY_MAX_DRAFTS = 15  # kernels/spec_verify.py: one Triton variant, up to 15 drafts a request
+
 
 def decode_advance(
     positions: torch.Tensor,  # [>= b] int64, in/out
@@ -57,6 +59,27 @@ def verify_scan(
 
     return verify_scan_reference(accepted, recovered, draft_ids, draft_start, num_drafts, rows, last_tokens,
                                  chain_ok, chained, prev_last, max_drafts)
+
+
+def greedy_verify(
+    ids: torch.Tensor,  # [T] int64: each token row's argmax
+    input_ids: torch.Tensor,  # [T] int64
+    segments: torch.Tensor,  # [T] int32: (d << 1) | chained at a request's first token, -1 elsewhere
+    src_rows: torch.Tensor,  # [T] int64
+    last_tokens: torch.Tensor,  # [R] int64, in/out
+    chain_ok: torch.Tensor,  # [R] bool, in/out
+    counts: torch.Tensor,  # [T] int64, out
+) -> None:
+    """A greedy verify step of token rows in one pass: each request's accepted drafts, its
+    tokens' count at its first token, its chain flag and last token (at most GREEDY_MAX_DRAFTS
+    drafts a request on CUDA; kernels/reference_verify.py says exactly what)."""
+    if ids.is_cuda:
+        from kernels.spec_verify import greedy_verify_triton
+
+        return greedy_verify_triton(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts)
+    from kernels.reference_verify import greedy_verify_reference
+
+    return greedy_verify_reference(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts)
 
 
 def rejection_sample(

@@ -196,20 +196,22 @@ class WarmupPlans:
         return plans
 
     def verify_scenarios(self) -> list[list[StepPlan]]:
-        """Speculative verify rows (a mixed graph of their tokens, the rejection rule, the verify
-        scan), with an odd and an even number of drafts. With a draft model, its eager decodes over the
-        verify rows: one scenario per batch-size class of its decode variants."""
+        """Speculative verify rows (their token rows, the rejection rule, the verify scan), with an
+        odd and an even number of drafts, and with every row greedy (the greedy tail,
+        spec_decode/greedy_tail.py). With a draft model, its eager decodes over the verify rows:
+        one scenario per batch-size class of its decode variants."""
         drafts = [(2, 1), (1, 1)]
         if self.shapes.draft_model:
             key = self.shapes.decode_key or (lambda b: None)
             drafts += [(2,) * b for b in representatives(1, self.shapes.max_num_seqs,
                                                          lambda b: (request_class(b), key(b)))]
-        return [self.verify_rows(d) for d in drafts if len(d) <= self.shapes.max_num_seqs]
+        scenarios = [self.verify_rows(d) for d in drafts if len(d) <= self.shapes.max_num_seqs]
+        return scenarios + [self.verify_rows((2,), [greedy()])]
 
-    def verify_rows(self, drafts: tuple[int, ...]) -> list[StepPlan]:
-        """New 4-token prompts, then a verify row of each with drafts[i] drafts, then chained
-        verify rows (the verify scan's other variant)."""
-        news = self.news([4] * len(drafts), [greedy(), SamplerParams(temperature=0.8, seed=7)])
+    def verify_rows(self, drafts: tuple[int, ...], params: list[SamplerParams] | None = None) -> list[StepPlan]:
+        """New 4-token prompts (a greedy and a random one in turn, or `params`'), then a verify row
+        of each with drafts[i] drafts, then chained verify rows (the verify scan's other variant)."""
+        news = self.news([4] * len(drafts), params or [greedy(), SamplerParams(temperature=0.8, seed=7)])
         plans = [self.plan(news)]
         for chained in (False, True):
             plan = self.plan(cached=CachedRequestData())

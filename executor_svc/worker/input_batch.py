@@ -57,6 +57,10 @@ class InputBatch:
             raise
         return state
 
+    def req_of_row(self, row: int) -> int | None:
+        """The request a row holds, or None."""
+        return None if (state := self.states[row]) is None else state.req_id
+
     def rows_of(self, req_ids: list[int]) -> np.ndarray:
         """[n] int64: the rows of running requests, in the given order. KeyError for an id that
         is not running."""

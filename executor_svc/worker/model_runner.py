@@ -48,7 +48,7 @@ class ModelRunner:
         self.sampler, self.limits, self._info, self.graphs = sampler, limits, info, graphs
         self.drafter, self.ranks = drafter, ranks if ranks is not None else OneDevice()
         self.device = buffers.device
-        self.verifier = Verifier(limits.max_num_seqs, limits.max_num_tokens, self.device)
+        self.verifier = Verifier(limits.max_num_seqs, limits.max_num_tokens, buffers, sampler.last_tokens, graphs)
         self._graphs_on = graphs is not None
         self._parity = 0  # host buffer set of the next launched step
         self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
@@ -64,8 +64,7 @@ class ModelRunner:
         return self._info
 
     def use_graphs(self, enabled: bool) -> None:
-        """Replays captured graphs for the steps launched from now on (the default when graphs
-        were captured), or runs every step eagerly; benchmarks and tests compare the two."""
+        """Replays captured graphs (the default when captured) for the steps launched from now on, or not."""
         with self.ranks.guard():
             self.ranks.use_graphs(enabled)
         self._graphs_on = enabled and self.graphs is not None
@@ -92,8 +91,7 @@ class ModelRunner:
     def close(self, timeout: float = 10.0) -> None:  # stops the other ranks, if any
         self.ranks.close(timeout)
 
-    def execute(self, plan: StepPlan) -> StepResult:
-        """Runs one step plan; returns the sampled token of each request that completed its known tokens."""
+    def execute(self, plan: StepPlan) -> StepResult:  # the sampled tokens of the requests that completed their known tokens
         return self.finish(self.launch(plan))
 
     @torch.inference_mode()
@@ -148,14 +146,18 @@ class ModelRunner:
             drafts = None if spec is None else spec.draft_ids
             if self.drafter is not None:  # draft model: its KV catches up, verify rows get drafts
                 drafts = self.drafter.propose(scheduled, spec, parity, self.buffers.input_ids.gpu)
-            logits, hidden = self._forward(step, attn, shape, num_logits)  # [N + drafts, V]; [T, H] when eager
+            greedy_tail = spec is not None and spec.greedy  # token rows, every row greedy: greedy_tail.py
+            logits, hidden = self._forward(step, attn, shape, num_logits, greedy_tail)  # [N + D, V]; [T, H] eager
             timer.mark()
             before = self._last_timer  # its last mark is final: a deferred sampling was flushed above
             handle = StepHandle(out, timer=timer, prev_end=before.end_event if before is not None else None)
             last = self.sampler.last_tokens
             prev_last = last[spec.rows] if spec is not None and spec.chained is not None else None
             greedy = None  # a greedy verify step's argmax of its drafts' logits rows
-            if step.num_sample and self.ranks.decides:
+            if greedy_tail and self.ranks.decides:  # the rows' tokens and the drafts' scan: one pass
+                graph_size = shape.num_reqs if shape is not None and shape.decode else 0  # (its tail's graph)
+                handle.sampled, handle.verify = self.verifier.greedy_tail(spec, logits, step.num_tokens, graph_size)
+            elif step.num_sample and self.ranks.decides:
                 every_row = shape is not None and shape.decode and step.num_sample == step.num_reqs
                 graph_size = shape.num_reqs if every_row else 0
                 if sampling.need_masks and spec is None and self.ranks.alone:
@@ -167,7 +169,7 @@ class ModelRunner:
                     greedy = ids[step.num_sample:]
                 else:
                     handle.sampled = self.sampler.sample(logits[:step.num_sample], sampling, graph_size)
-            if spec is not None:  # verify steps: eager or a mixed graph; the drafts' logits rows follow the sampled
+            if spec is not None and not greedy_tail:  # the drafts' logits rows follow the sampled rows' (or hidden)
                 draft_logits = (logits[spec.logits_row:num_logits] if spec.logits_row is not None  # every rank
                                 else self.model.compute_logits(hidden[spec.token_index]))
                 if self.ranks.decides:  # (the verify writes the rows' last tokens: the final ones)
@@ -219,12 +221,9 @@ class ModelRunner:
             return out
 
     def _take_failures(self, out: StepResult) -> None:
-        failed = self.sampler.take_failures(self._req_of_row)  # their grammar failed
+        failed = self.sampler.take_failures(self.batch.req_of_row)  # their grammar failed
         out.failed_req_ids += [req_id for req_id, _ in failed]
         out.failed_errors += [why for _, why in failed]
-
-    def _req_of_row(self, row: int) -> int | None:
-        return None if (state := self.batch.states[row]) is None else state.req_id
 
     def _apply(self, plan: StepPlan, give_back: list[tuple[int, int]]) -> Admitted:
         """Gives back rejected drafts' slots, then checks and applies the plan (plan_apply.py:
@@ -238,20 +237,21 @@ class ModelRunner:
         which advances the rows), the sampled rows' columns (the Sampler's), the prompt
         positions with logprobs and the verify rows' drafts."""
         scheduled = admitted.scheduled
+        token_rows = admitted.steady is None and use_token_rows(scheduled, self._token_rows_max())
         self.buffers.use_host(parity)
         if admitted.steady is not None:  # the last step's rows again: only what moves
             step = self._steady.prepare(self.batch, self.buffers, admitted, self.limits.block_size,
                                         on_device=self.buffers.packed.packs)
         else:
-            step = prepare_step(self.batch, self.buffers, scheduled, self.limits,
-                                use_token_rows(scheduled, self._token_rows_max()))
+            step = prepare_step(self.batch, self.buffers, scheduled, self.limits, token_rows)
             self._steady.remember(admitted.plan, step, scheduled, self.batch)
         sampling = self.sampler.prepare(step.sample_rows, step.sample_positions, parity, self._steady.key)
         prompt_rows = None if admitted.steady is not None else self.sampler.prompt_logprob_rows(  # (decode rows: none)
             self.batch.states, scheduled.rows, step.chunk_start, step.chunk_start + scheduled.counts,
             step.token_offset)
-        spec = None if scheduled.drafts is None else self.verifier.prepare(
-            self.batch, self.sampler, self.buffers, scheduled, admitted.plan.draft_token_ids, step.sample_rows, parity)
+        spec = None if scheduled.drafts is None else self.verifier.prepare(  # (drafts: never a steady step)
+            self.batch, self.sampler, self.buffers, scheduled, admitted.plan.draft_token_ids, step.sample_rows, parity,
+            greedy=token_rows and self.sampler.greedy_only(sampling))
         return Prepared(step, sampling, prompt_rows, spec)
 
     def _token_rows_max(self) -> int:
@@ -281,14 +281,15 @@ class ModelRunner:
                                               step.max_seq_len, num_sample=num_logits)
 
     def _forward(self, step: PreparedStep, attn: AttentionMetadata, shape: GraphShape | None,
-                 num_logits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """([num_logits, V] logits of the sampled rows then any drafts' rows, [T, H] hidden
-        states or None): the graph of `shape` replayed (a mixed graph's hidden states, none of a
-        decode graph), or eagerly (shape None)."""
+                 num_logits: int, token_order: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """([num_logits, V] logits of the sampled rows then any drafts' rows, or of every token
+        row in order (token_order: a greedy tail's step), [T, H] hidden states or None): the
+        graph of `shape` replayed (a mixed graph's hidden states, none of a decode graph), or
+        eagerly (shape None)."""
         if shape is not None:
             logits = self.graphs.replay(shape)  # [B, V] model dtype: the sampler reads it once
-            if shape.decode and step.num_sample == step.num_reqs:  # every row samples: row i
-                return logits[:step.num_sample], None
+            if shape.decode and (step.num_sample == step.num_reqs or token_order):  # row i: sampled row i, or token i
+                return (logits if token_order else logits[:step.num_sample]), None
             if shape.decode:  # row i = request i; some rows (1-token prefill chunks) do not sample
                 return logits[attn.logits_indices], None
             # row i = token logits_indices[i]

@@ -35,10 +35,23 @@ def test_verify_steps_replay_graphs_and_stay_token_exact(runner, depth):
     runner.use_graphs(True)
     reference, _ = generate(runner, prompts, None, depth=depth)
     sizes = record_graph_sizes(runner)
+    greedy, tails = runner.verifier.greedy, []
+    captured = greedy.graphs
+    assert sorted(captured) == [1, 2, 4, 8]  # a greedy tail graph per decode size (greedy_tail.py)
+
+    class Recording(dict):
+        def get(self, size, default=None):
+            graph = super().get(size, default)
+            tails.append(size) if graph is not None else None
+            return graph
+
+    greedy.graphs = Recording(captured)
     try:
         in_graphs, scheduler = generate(runner, prompts, SPEC, depth=depth)
     finally:
         del runner.launch  # the instance attribute: the method again
+        greedy.graphs = captured
+    assert tails, "no greedy verify step replayed its tail's graph"
     runner.use_graphs(False)
     try:
         eager, _ = generate(runner, prompts, SPEC, depth=depth)

@@ -6,6 +6,8 @@ step continues exactly as without speculation."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 
 from executor_svc.worker.plan_checks import PlanError
@@ -29,9 +31,16 @@ def verify_row(step_id: int, drafts: list[int], chained: bool = False) -> StepPl
                     draft_token_ids=drafts, draft_chained=[True] if chained else [])
 
 
-@pytest.fixture(scope="module")
-def runner(model_dirs):
-    return make_runner(model_dirs["tiny-llama"], num_kv_blocks=32, block_size=16)
+@pytest.fixture(scope="module", params=["greedy tail", "scan"])
+def runner(model_dirs, request):
+    """Both verify paths: the greedy tail of token rows (spec_decode/greedy_tail.py), and the
+    logits rows' argmax with the scan kernel (a step not laid out as token rows)."""
+    runner = make_runner(model_dirs["tiny-llama"], num_kv_blocks=32, block_size=16)
+    if request.param == "greedy tail":
+        yield runner
+        return
+    with mock.patch("executor_svc.worker.model_runner.use_token_rows", return_value=False):
+        yield runner
 
 
 def start(runner) -> int:

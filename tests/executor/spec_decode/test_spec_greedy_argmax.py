@@ -1,7 +1,8 @@
-"""A greedy verify step samples its rows and scores its drafts with ONE argmax over the step's
-logits rows (Sampler.take_argmax; the drafts' rows follow the sampled ones): the same tokens,
-accepted and rejected drafts alike, as the general path (the sampler's draw, then the rejection
-rule), which a step with a random row or drafts' logits from hidden states still takes."""
+"""A greedy verify step samples its rows and scores its drafts in one pass: laid out as token
+rows, the greedy tail (spec_decode/greedy_tail.py: one argmax and one scan kernel); otherwise ONE
+argmax over the step's logits rows (Sampler.take_argmax; the drafts' rows follow the sampled
+ones). Both give the same tokens, accepted and rejected drafts alike, as the general path (the
+sampler's draw, then the rejection rule), which a step with a random row still takes."""
 
 from __future__ import annotations
 
@@ -14,21 +15,30 @@ from tests.executor.conftest import make_runner
 from tests.executor.spec_decode.test_spec_chain import accept_then_reject, greedy
 
 
-@pytest.mark.parametrize("one_argmax", [True, False])
-def test_a_greedy_verify_step_takes_one_argmax_and_the_general_paths_tokens(model_dirs, one_argmax):
+@pytest.mark.parametrize("path", ["greedy tail", "one argmax", "general"])
+def test_a_greedy_verify_step_takes_one_pass_and_the_general_paths_tokens(model_dirs, path):
+    """Three paths, the same tokens: a token-rows step's greedy tail (greedy_tail.py), a step
+    not laid out as token rows (one argmax over its logits rows), and the general path."""
     runner = make_runner(model_dirs["tiny-llama"], num_kv_blocks=32, block_size=16, max_num_seqs=8)
-    taken = []
-    take = runner.sampler.take_argmax
+    taken, tails = [], []
+    take, tail = runner.sampler.take_argmax, runner.verifier.greedy_tail
 
     def spy(ids, step):
         taken.append(len(ids))
         return take(ids, step)
 
-    runner.sampler.take_argmax = spy
+    def spy_tail(v, logits, num_tokens, graph_size):
+        tails.append(num_tokens)
+        return tail(v, logits, num_tokens, graph_size)
+
+    runner.sampler.take_argmax, runner.verifier.greedy_tail = spy, spy_tail
     ref = greedy(runner, 12)
-    with mock.patch.object(Sampler, "greedy_only", staticmethod(lambda step: one_argmax)):
+    with mock.patch.object(Sampler, "greedy_only", staticmethod(lambda step: path != "general")), \
+            mock.patch("executor_svc.worker.model_runner.use_token_rows",
+                       side_effect=lambda sched, rows: path == "greedy tail"):
         accept_then_reject(runner, ref)
-    assert taken == ([1, 1] if one_argmax else [])  # the two verify steps' one sampled row each
+    assert taken == ([1, 1] if path == "one argmax" else [])  # the two verify steps' one sampled row each
+    assert tails == ([4, 4] if path == "greedy tail" else [])  # their 1 + 3 token rows
 
 
 def test_greedy_only_is_a_plain_all_greedy_step_without_counts_or_logprobs():
