@@ -83,8 +83,11 @@ def main() -> None:
                 print_spec(label, round_, r)
                 continue
             w1, w2 = r["w1"], r["w2"]
+            s1 = w1['per_step']
             print(f"AB {label} r{round_}: W1 TPOT {w1['tpot_ms']:.3f} ms (launch "
-                  f"{w1['per_step'].get('executor_launch_us', 0):.0f} us, device {w1['per_step']['device_us']:.0f} us) "
+                  f"{s1.get('executor_launch_us', 0):.0f} (cpu {s1.get('executor_launch_cpu_us', 0):.0f}) us, device "
+                  f"{s1['device_us']:.0f} us, idle {s1.get('device_idle_us', 0):.0f}, queued "
+                  f"{s1.get('executor_queued_us', 0):.0f}) "
                   f"| W2 {w2['tok_s']:,.0f} tok/s (launch {w2['per_step'].get('executor_launch_us', 0):.0f} us, "
                   f"schedule {w2['per_step'].get('schedule_us', 0):.0f}, apply {w2['per_step'].get('apply_us', 0):.0f}) "
                   f"| W3 {r['w3']['tok_s']:,.0f} tok/s ({r['w3']['steps']} steps: ~270 when all 512 get in at once; "
