@@ -1,5 +1,5 @@
-"""Executor process: load the model, then serve the executor API (to the holder of the internal
-token only: llmserve/bearer_auth.py), health and, when asked for, reflection."""
+"""Executor process: load the model, start the gRPC endpoint (a child process: endpoint.py), then
+run the steps on two threads of this process (step_threads.py) over the link to it (link.py)."""
 
 from __future__ import annotations
 
@@ -12,31 +12,28 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from executor_svc.config import ExecutorConfig
+from executor_svc.service import link
 from llmserve.heap import freeze_startup_heap
 from llmserve.logs import configure_logging
 
 log = logging.getLogger("executor_svc")
-MAX_MESSAGE_BYTES = 64 << 20
-GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+STOP_GRACE_S = 5.0  # for the open plan stream to end when the service stops
 
 
 async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None = None,
                 stop: asyncio.Event | None = None) -> None:
-    """Runs until `stop` is set (or SIGINT/SIGTERM); on_ready(bound_port) once serving.
-    All grpc objects are created inside this running loop. Without an internal token (and
-    without insecure_no_auth), or for a model that cannot be served (model_checks), raises
-    SystemExit with one line saying why, before anything is served."""
-    import grpc
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
+    """Runs until `stop` is set (or SIGINT/SIGTERM); on_ready(bound_port) once serving. Without an
+    internal token (and without insecure_no_auth), or for a model that cannot be served
+    (model_checks), raises SystemExit with one line saying why, before anything is served; when
+    the endpoint process or another rank ends, SystemExit too (status 1). This loop does no
+    step work: it waits, and starts and stops the endpoint."""
     from executor_svc.model_loader.checks import ModelError
-    from executor_svc.service.servicer import ExecutorServicer
+    from executor_svc.service.endpoint import EndpointProcess
+    from executor_svc.service.step_threads import StepThreads
     from executor_svc.startup.build import build_runner
-    from protos.llmserve.executor.v1 import executor_pb2, executor_pb2_grpc
-    from protos.reflection import enable_reflection
+    from step_protocol import codec
 
-    interceptors = _auth_interceptors(config)
+    _check_auth(config)
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -44,8 +41,8 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             pass
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-step")
-    waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-wait")
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-step")  # builds, launches
+    waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="executor-wait")  # finishes
     t0 = time.perf_counter()
     build = build_runner
     if config.tensor_parallel_size > 1:  # this process is rank 0 and starts the others
@@ -56,7 +53,7 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
         worker.shutdown(wait=False)
         waiter.shutdown(wait=False)
         _refuse(str(e))
-    failure: list[str] = []  # tensor parallelism: why another rank ended the service
+    failure: list[str] = []  # why the service ends by itself (another rank, the endpoint)
 
     def on_failure(reason: str) -> None:  # from the ranks' watchdog thread
         failure.append(reason)
@@ -67,54 +64,68 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
     log.info("ready in %.1f s: model %s, %d KV blocks of %d tokens, graphs %s",
              time.perf_counter() - t0, info.model_name, info.num_blocks, info.block_size,
              list(info.cuda_graph_sizes) or "off (eager)")
-
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=interceptors)
-    executor_pb2_grpc.add_ExecutorServicer_to_server(ExecutorServicer(runner, worker, waiter), server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    service = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
-    if config.enable_reflection:  # off by default: it would map the internal API for anyone
-        enable_reflection((service, health.SERVICE_NAME), server)  # v1alpha and v1
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
     freeze_startup_heap(log)  # (the model, graphs and warm-up garbage: llmserve/heap.py)
-    await server.start()
-    for name in (service, ""):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("serving on %s:%d", config.host, port)
+    endpoint = EndpointProcess.start(config, codec.info_to_pb(info).SerializeToString())
+    try:
+        port = await loop.run_in_executor(worker, endpoint.wait_ready)
+    except EOFError:
+        code = await loop.run_in_executor(None, endpoint.wait, 5.0)
+        runner.close()
+        _refuse(f"the gRPC endpoint process exited with status {code} before serving")
+    steps = StepThreads(runner, endpoint.link)
+    launches = loop.run_in_executor(worker, steps.run_launches)  # the thread that built the runner
+    finishes = loop.run_in_executor(waiter, steps.run_finishes)
+    log.info("serving on %s:%d (endpoint process %d)", config.host, port, endpoint.proc.pid)
     if on_ready is not None:
         on_ready(port)
-    await stop.wait()
+    stopping = asyncio.ensure_future(stop.wait())
+    alive = asyncio.ensure_future(_heartbeat(endpoint))
+    await asyncio.wait([stopping, launches], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    alive.cancel()
+    if launches.done() and not failure:  # the link ended, and not by our word
+        failure.append(await _endpoint_ended(launches, endpoint))
     log.info("stopping")
-    await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace=0 if failure else 5.0)
-    if failure:  # a step may wait on the dead rank: leave it (launch.py exits this process)
+    endpoint.stop(0 if failure else STOP_GRACE_S)  # health NOT_SERVING, the open stream ends
+    await loop.run_in_executor(None, endpoint.wait, STOP_GRACE_S + 5.0)  # then: end of file
+    if failure and not launches.done():  # a step may wait on the dead rank: leave it (launch.py exits)
         worker.shutdown(wait=False, cancel_futures=True)
         waiter.shutdown(wait=False)
         _refuse(failure[0])
+    await asyncio.gather(launches, finishes, return_exceptions=True)
     worker.shutdown(wait=True)
     waiter.shutdown(wait=True)
+    endpoint.link.close()
     runner.close()  # the other ranks of a tensor-parallel executor, if any
+    if failure:
+        _refuse(failure[0])
 
 
-INTERNAL_TOKEN_HINT = ("the executor serves only its scheduler, which sends the internal token: "
-                       "give both services the same secret (LLMSERVE_INTERNAL_TOKEN, or "
-                       "--internal-token on each)")
+async def _heartbeat(endpoint) -> None:
+    """The alive frames: Handshake calls are answered only while this process runs (link.py)."""
+    while endpoint.link.send(link.ALIVE):
+        await asyncio.sleep(link.HEARTBEAT_S)
 
 
-def _auth_interceptors(config: ExecutorConfig) -> list:
-    """The token check on every call, or nothing with insecure_no_auth; no token and no
-    insecure_no_auth: SystemExit (an executor anyone local can drive must be asked for)."""
-    from llmserve.bearer_auth import BearerTokenInterceptor
+async def _endpoint_ended(launches: asyncio.Future, endpoint) -> str:
+    """Why the link ended by itself: the endpoint process's exit (or a frame not of the link)."""
+    if launches.exception() is not None:
+        return f"the link to the gRPC endpoint process broke: {launches.exception()}"
+    code = await asyncio.get_running_loop().run_in_executor(None, endpoint.wait, 5.0)
+    return f"the gRPC endpoint process exited with status {code}"
 
+
+def _check_auth(config: ExecutorConfig) -> None:
+    """No token and no insecure_no_auth: SystemExit (an executor anyone local can drive must be
+    asked for). The endpoint process checks the token on every call but grpc.health.v1."""
     if config.internal_token:
-        return [BearerTokenInterceptor(config.internal_token, INTERNAL_TOKEN_HINT)]
+        return
     if not config.insecure_no_auth:
         _refuse("no internal token: set LLMSERVE_INTERNAL_TOKEN (or --internal-token) to the secret "
                 "the scheduler sends, or pass --insecure-no-auth to let any process that reaches the "
                 "port drive the executor")
     log.warning("--insecure-no-auth: any process that reaches %s:%d can reset the executor and "
                 "send it plans", config.host, config.port)
-    return []
 
 
 def _refuse(reason: str) -> None:

@@ -52,7 +52,15 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _gone(pid: int) -> bool:
+def children_running(pid: int, module: str) -> list[int]:
+    """The children of `pid` started as `python -m <module>` (the ranks; the gRPC endpoint is a child too)."""
+    def cmdline(child: int) -> list[bytes]:
+        with open(f"/proc/{child}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    return [c for c in _children(pid) if module.encode() in cmdline(c)]
+
+
+def gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] == "Z"
@@ -63,7 +71,7 @@ def _gone(pid: int) -> bool:
 @pytest.fixture
 def service(model_dirs):
     proc, channel = _start(model_dirs["tiny-llama"])
-    workers = _children(proc.pid)
+    workers = children_running(proc.pid, "executor_svc.parallel.worker")
     yield proc, channel, workers
     channel.close()
     if proc.poll() is None:
@@ -84,7 +92,7 @@ def test_handshake_stream_and_clean_shutdown(service, model_dirs):
     assert [(g.req_ids, g.token_ids, g.error) for g in got] == [(w.req_ids, w.token_ids, w.error) for w in want]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
-    assert all(_gone(w) for w in workers)
+    assert all(gone(w) for w in workers)
 
 
 def test_the_death_of_a_rank_ends_the_service(service):
@@ -122,6 +130,6 @@ def test_the_other_ranks_exit_with_rank_0(service):
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10
-    while not all(_gone(w) for w in workers) and time.monotonic() < deadline:
+    while not all(gone(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert all(_gone(w) for w in workers)
+    assert all(gone(w) for w in workers)

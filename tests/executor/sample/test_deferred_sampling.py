@@ -1,19 +1,19 @@
 """A constrained step's masked sampling is enqueued after its launch (model_runner._flush): by
 the next launch, at its start, before that plan changes any row, or by the step's own finish
-when no launch follows, on the finishing thread, as the executor's pipeline calls it. Either way
+when no launch follows, on the finish thread, as the executor's step threads call it. Either way
 the tokens are those of running the steps one at a time (CPU)."""
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
 
 import pytest
 
-from executor_svc.service.pipeline import StepPipeline
 from llmserve.structured import regex, to_grammar
 from step_protocol.domain import NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import decode_rows, make_runner
+from tests.executor.service.step_driver import StepDriver
 
 PROMPTS = {1: [5, 17, 99, 3, 250, 8], 2: [7, 11, 13, 19, 23], 3: [40, 41, 42]}
 LONG = to_grammar(regex(r"[a-z ]{60}", "regex"))  # never ends within these steps
@@ -82,27 +82,26 @@ def test_an_unconstrained_step_samples_in_its_launch(runner):
 
 @pytest.mark.parametrize("req_ids", [[1], [1, 2, 3]])
 def test_the_executors_pipeline_gives_the_tokens_of_one_step_at_a_time(runner, req_ids):
-    """StepPipeline as the executor's servicer runs it: launches on one thread, finishes on
-    another as soon as each launch returns, so a step's finish and the next launch race to
-    enqueue its sampling; the plans arrive late now and then (a finish waits for no launch)."""
+    """The step threads as the executor's device process runs them: launches on one thread,
+    finishes on another as soon as each launch returns, so a step's finish and the next launch
+    race to enqueue its sampling; the plans arrive late now and then (a finish waits for no launch)."""
     steps = 12
     reference = _one_at_a_time(runner, req_ids, steps)
 
-    async def plans():
+    def send(device):
         for i, plan in enumerate(_plans(req_ids, steps)):
             if i % 4 == 3:
-                await asyncio.sleep(0.05)  # no launch for a while: the step's finish samples it
-            yield plan
-
-    async def run():
-        with ThreadPoolExecutor(1) as worker, ThreadPoolExecutor(1) as waiter:
-            pipeline = StepPipeline(runner.launch, runner.finish, worker, waiter, depth=2)
-            return [result async for _, result in pipeline.run(plans())]
+                time.sleep(0.05)  # no launch for a while: the step's finish samples it
+            device.send(plan)
 
     runner.reset()
     for _ in range(3):
-        results = asyncio.run(run())
+        with StepDriver(runner) as device:
+            sender = threading.Thread(target=send, args=(device,))
+            sender.start()
+            results = [device.result() for _ in range(steps)]
+            sender.join()
         runner.reset()
         for r in results:
-            assert not isinstance(r, BaseException), r
+            assert not r.error, r.error
         assert _tokens(results) == reference
