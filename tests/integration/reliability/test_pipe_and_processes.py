@@ -195,7 +195,7 @@ def test_llmserve_sigterm_exits_0_and_leaves_no_process(model_dirs, tmp_path):
     try:
         _wait_until(lambda: _serving(port) or proc.poll() is not None, 120, "llmserve serves")
         assert proc.poll() is None, (tmp_path / "llmserve.log").read_text()
-        assert len(_group(proc.pid)) == 4  # launcher, executor, API process, engine core
+        assert len(_group(proc.pid)) == 5  # launcher, executor, its gRPC endpoint, API process, engine core
         os.killpg(proc.pid, signal.SIGTERM)  # as systemd and docker stop a service
         assert proc.wait(timeout=30) == 0, (tmp_path / "llmserve.log").read_text()
         _assert_group_gone(proc)
