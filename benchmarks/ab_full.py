@@ -3,6 +3,7 @@ running its own code (its own benchmarks.harness): lent machines differ by 30% o
 change is measured against the previous commit in the same call and quoted as a ratio.
 
     python benchmarks/ab_full.py OLD_TREE NEW_TREE [--rounds 2] [--json out.json] [--new-args "--flag ..."]
+        [--workloads w1,w3]   # which of W1, W2, W3 (all by default)
     python benchmarks/ab_full.py OLD_TREE NEW_TREE --what spec     # n-gram speculation, batch 1 (spec_bench)
 
 --new-args: executor flags of the new tree's runs only (OLD_TREE = NEW_TREE = . compares a flag).
@@ -27,6 +28,7 @@ from benchmarks import workloads
 from benchmarks.harness import _full_system_run, model_path
 model = model_path("llama-1b")
 runs = {"w1": (workloads.w1(), 0.0), "w2": (workloads.w2(), 0.6), "w3": (workloads.w3(), 0.0)}
+runs = {k: v for k, v in runs.items() if k in os.environ.get("AB_WORKLOADS", "w1,w2,w3").split(",")}
 extra = tuple(os.environ.get("AB_EXECUTOR_ARGS", "").split())
 out = _full_system_run(model, Path(tempfile.mkdtemp()), [], runs, executor_args=extra)
 print("ABRUN " + json.dumps(out))
@@ -45,9 +47,9 @@ print("ABRUN " + json.dumps(out))
 """
 
 
-def run_tree(tree: Path, executor_args: str = "", code: str = ONE_RUN) -> dict:
-    done = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True,
-                          timeout=600, env={**_env(tree), "AB_EXECUTOR_ARGS": executor_args})
+def run_tree(tree: Path, executor_args: str = "", code: str = ONE_RUN, workloads: str = "w1,w2,w3") -> dict:
+    done = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, timeout=600,
+                          env={**_env(tree), "AB_EXECUTOR_ARGS": executor_args, "AB_WORKLOADS": workloads})
     line = next((x for x in done.stdout.splitlines() if x.startswith("ABRUN ")), None)
     if line is None:
         return {"error": (done.stdout + done.stderr)[-800:]}
@@ -70,11 +72,13 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     p.add_argument("--new-args", default="", help="executor flags of the new tree's runs")
     p.add_argument("--what", choices=("serve", "spec"), default="serve")
+    p.add_argument("--workloads", default="w1,w2,w3", help="serve: which of w1,w2,w3")
     args = p.parse_args()
     rows = []
     for round_ in range(args.rounds):
         for label, tree in (("old", args.old), ("new", args.new)):
-            r = run_tree(tree, args.new_args if label == "new" else "", SPEC_RUN if args.what == "spec" else ONE_RUN)
+            r = run_tree(tree, args.new_args if label == "new" else "", SPEC_RUN if args.what == "spec" else ONE_RUN,
+                         args.workloads)
             rows.append({"tree": label, "round": round_, **r})
             if "error" in r:
                 print(f"{label} round {round_}: failed\n{r['error']}", flush=True)
@@ -82,20 +86,23 @@ def main() -> None:
             if args.what == "spec":
                 print_spec(label, round_, r)
                 continue
-            w1, w2 = r["w1"], r["w2"]
-            s1 = w1['per_step']
-            print(f"AB {label} r{round_}: W1 TPOT {w1['tpot_ms']:.3f} ms (launch "
-                  f"{s1.get('executor_launch_us', 0):.0f} (cpu {s1.get('executor_launch_cpu_us', 0):.0f}) us, device "
-                  f"{s1['device_us']:.0f} us, idle {s1.get('device_idle_us', 0):.0f}, queued "
-                  f"{s1.get('executor_queued_us', 0):.0f}) "
-                  f"| W2 {w2['tok_s']:,.0f} tok/s (launch {w2['per_step'].get('executor_launch_us', 0):.0f} us, "
-                  f"schedule {w2['per_step'].get('schedule_us', 0):.0f}, apply {w2['per_step'].get('apply_us', 0):.0f}) "
-                  f"| W3 {r['w3']['tok_s']:,.0f} tok/s ({r['w3']['steps']} steps: ~270 when all 512 get in at once; "
-                  f"launch {r['w3']['per_step'].get('executor_launch_us', 0):.0f} us, "
-                  f"idle {r['w3']['per_step'].get('device_idle_us', 0):.0f} us)",
+            print(f"AB {label} r{round_}: " + " | ".join(_serve_line(k, r[k]) for k in ("w1", "w2", "w3") if k in r),
                   flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+
+
+def _serve_line(name: str, w: dict) -> str:
+    s = w["per_step"]
+    launch = f"launch {s.get('executor_launch_us', 0):.0f} (cpu {s.get('executor_launch_cpu_us', 0):.0f}) us"
+    if name == "w1":
+        return (f"W1 TPOT {w['tpot_ms']:.3f} ms ({launch}, device {s['device_us']:.0f} us, idle "
+                f"{s.get('device_idle_us', 0):.0f}, queued {s.get('executor_queued_us', 0):.0f})")
+    if name == "w2":
+        return (f"W2 {w['tok_s']:,.0f} tok/s ({launch}, schedule {s.get('schedule_us', 0):.0f}, apply "
+                f"{s.get('apply_us', 0):.0f})")
+    return (f"W3 {w['tok_s']:,.0f} tok/s ({w['steps']} steps: ~270 when all 512 get in at once; {launch}, idle "
+            f"{s.get('device_idle_us', 0):.0f} us)")
 
 
 def print_spec(label: str, round_: int, r: dict) -> None:
