@@ -19,11 +19,11 @@ TIMEOUT_S = 30
 class StepDriver:
     """with StepDriver(runner) as d: d.send(plan); d.result() ... (EOF at exit: the threads end)."""
 
-    def __init__(self, runner, depth: int = 2):
+    def __init__(self, runner):
         ours, theirs = socket.socketpair()
         ours.settimeout(TIMEOUT_S)  # a test that waits for a frame that never comes fails, not hangs
         self.peer = link.BlockingLink(ours)
-        self.steps = StepThreads(runner, link.BlockingLink(theirs), depth)
+        self.steps = StepThreads(runner, link.BlockingLink(theirs))  # its depth, as serve() makes it
         self.threads = [threading.Thread(target=self.steps.run_launches, name="executor-step", daemon=True),
                         threading.Thread(target=self.steps.run_finishes, name="executor-wait", daemon=True)]
         self._ended = False

@@ -63,7 +63,7 @@ def device():
     device.close()
 
 
-def _maps(pid: int) -> str:
+def maps(pid: int) -> str:
     with open(f"/proc/{pid}/maps") as f:
         return f.read()
 
@@ -80,8 +80,8 @@ def test_the_endpoint_imports_no_torch():
 def test_the_running_endpoint_has_no_torch_mapped(device):
     import torch  # noqa: F401 - this process has it: the check below can fail
 
-    assert "libtorch" in _maps(os.getpid())
-    assert "libtorch" not in _maps(device.endpoint.proc.pid)
+    assert "libtorch" in maps(os.getpid())
+    assert "libtorch" not in maps(device.endpoint.proc.pid)
 
 
 def test_a_handshake_is_answered_only_while_the_device_is_alive(device):

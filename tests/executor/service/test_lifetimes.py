@@ -1,5 +1,5 @@
-"""The executor as a real process (python -m executor_svc) and its gRPC endpoint child: the endpoint
-killed ends the executor (status 1, one line); a SIGKILLed executor takes the endpoint along;
+"""The executor as a real process (python -m executor_svc) and its gRPC endpoint child: gRPC is
+loaded in the endpoint only; the endpoint killed ends the executor (status 1, one line); a SIGKILLed executor takes the endpoint along;
 SIGTERM, and Ctrl-C to the whole process group, stop both with status 0 (no traceback)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
 from tests.executor.parallel.test_tensor_parallel_service import children_running, gone
+from tests.executor.service.test_endpoint import maps
 from tests.executor.service.test_server import new_plan
 from tests.executor.tp_helpers import free_port
 
@@ -72,6 +73,7 @@ def _step(address: str) -> pb.StepResult:
 def test_the_endpoint_killed_ends_the_executor(executor):
     proc, address, endpoint = executor
     assert _step(address).error == ""
+    assert "cygrpc" in maps(endpoint) and "cygrpc" not in maps(proc.pid)  # gRPC runs in the endpoint only
     os.kill(endpoint, signal.SIGKILL)
     try:
         code = proc.wait(20)
