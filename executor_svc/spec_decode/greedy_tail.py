@@ -8,7 +8,8 @@ argmaxes before its first mismatch, its token the argmax there. So its whole tai
 samples, the accept scan, the chain flags and the rows' last tokens — is an argmax over the
 token rows' logits and one kernel (kernels.greedy_verify), reading each request's draft count
 and chain flag from the step's packed `verify_segments` column, and its result reaches the host
-in one copy: [2, T] ids, then counts at each request's first token.
+in one contiguous copy: T ids, then T counts (a request's at its first token). (Contiguous on
+both sides: a strided device-to-host copy goes through a pageable temporary and blocks the host.)
 
 With CUDA graphs both ops are captured per decode size, after the decode graphs and in their
 pool, over the decode graphs' logits buffer and the step buffers in that shape's layout: the
@@ -57,15 +58,15 @@ def greedy_result(offsets: np.ndarray, ids: list[int], counts: list[int]) -> lis
 
 
 class GreedyVerify:
-    """The tail's device state: its [2, max_tokens] output, two pinned host copies of it (by
-    step parity) and, once captured, a graph per decode size."""
+    """The tail's device state: its output (n ids then n counts for a step of n token rows), two
+    pinned host copies of it (by step parity) and, once captured, a graph per decode size."""
 
     def __init__(self, buffers: StepBuffers, last_tokens: torch.Tensor, chain_ok: torch.Tensor,
                  max_tokens: int):
         self.buffers, self.last_tokens, self.chain_ok = buffers, last_tokens, chain_ok
         device = last_tokens.device
-        self.out = torch.zeros(2, max_tokens, dtype=torch.int64, device=device)  # ids; counts
-        self._host = [torch.zeros(2, max_tokens, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.out = torch.zeros(2 * max_tokens, dtype=torch.int64, device=device)  # [:n] ids, [n:2n] counts
+        self._host = [torch.zeros(2 * max_tokens, dtype=torch.int64, pin_memory=device.type == "cuda")
                       for _ in range(2)]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
@@ -91,12 +92,12 @@ class GreedyVerify:
             graph.replay()
         else:
             self._run(logits, n)
-        host = self._host[parity % 2][:, :n]
-        host.copy_(self.out[:, :n], non_blocking=True)
-        return GreedyOutcome(host[0], host[1])
+        host = self._host[parity % 2][:2 * n]
+        host.copy_(self.out[:2 * n], non_blocking=True)
+        return GreedyOutcome(host[:n], host[n:])
 
     def _run(self, logits: torch.Tensor, n: int) -> None:
-        buf, ids, counts = self.buffers, self.out[0, :n], self.out[1, :n]
+        buf, ids, counts = self.buffers, self.out[:n], self.out[n:2 * n]
         torch.argmax(logits[:n], dim=-1, out=ids)
         kernels.greedy_verify(ids, buf.input_ids.gpu[:n], buf.verify_segments.gpu[:n], buf.src_rows.gpu[:n],
                               self.last_tokens, self.chain_ok, counts)
