@@ -118,3 +118,22 @@ def test_draft_decode_graphs_write_the_eager_kv(tmp_path_factory):
     for a, b in zip(runners[0].drafter.kv_caches, runners[1].drafter.kv_caches):
         torch.testing.assert_close(a.k, b.k, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(a.v, b.v, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_a_greedy_verify_step_launches_without_a_host_sync(runner, graphs):
+    """A greedy token-rows verify step (its tail: greedy_tail.py, a replay or eager) launched
+    under torch.cuda.set_sync_debug_mode("error"): its copies to the host never block (a strided
+    copy to pinned memory once went through a pageable temporary and did); tokens exact."""
+    from tests.executor.cuda_helpers import launch_without_sync
+    from tests.executor.spec_decode.test_spec_chain import greedy, start, verify_row
+
+    runner.use_graphs(graphs)
+    try:
+        ref = greedy(runner, 8)
+        assert start(runner) == ref[0]
+        out = runner.finish(launch_without_sync(runner, verify_row(1, ref[1:4])))  # every draft accepted
+        assert (out.token_ids, out.num_tokens) == (ref[1:5], [4])
+        assert out.graph_size == (4 if graphs else 0)  # 1 + 3 token rows: the decode graph of 4
+    finally:
+        runner.use_graphs(True)
