@@ -72,8 +72,9 @@ class EndpointProcess:
         return frame.tag
 
     def stop(self, grace_s: float) -> None:
-        """Asks it to stop serving (health NOT_SERVING, open calls get `grace_s`) and exit."""
-        self.link.send(link.STOP, int(grace_s * 1000))
+        """Asks it to stop serving (health NOT_SERVING, open calls get `grace_s`) and exit; never
+        waits for a stuck endpoint (wait() kills it)."""
+        self.link.send_nowait(link.STOP, int(grace_s * 1000), lock_s=1.0)
 
     def wait(self, timeout: float) -> int:
         """Its exit status, killing it after `timeout` seconds."""

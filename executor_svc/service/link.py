@@ -30,6 +30,7 @@ the endpoint with asyncio streams (read_frame, encode), never blocking its event
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import struct
 import threading
@@ -97,6 +98,19 @@ class BlockingLink:
             except OSError:
                 self.broken = True
                 return False
+
+    def send_nowait(self, kind: int, tag: int = 0, lock_s: float = 0.0) -> None:
+        """Sends one bodiless frame unless that would wait: for another thread's send longer than
+        `lock_s`, or for a full socket buffer (a stuck endpoint). The event loop's frames: alive, stop."""
+        if not self._lock.acquire(timeout=lock_s):
+            return
+        try:
+            if select.select([], [self._sock], [], 0)[1]:
+                self._sock.sendall(encode(kind, tag))
+        except OSError:
+            self.broken = True
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         """Ends the link both ways (a thread blocked in recv() gets EOFError), then frees it."""

@@ -103,7 +103,8 @@ async def serve(config: ExecutorConfig, on_ready: Callable[[int], None] | None =
 
 async def _heartbeat(endpoint) -> None:
     """The alive frames: Handshake calls are answered only while this process runs (link.py)."""
-    while endpoint.link.send(link.ALIVE):
+    while not endpoint.link.broken:
+        endpoint.link.send_nowait(link.ALIVE)
         await asyncio.sleep(link.HEARTBEAT_S)
 
 
