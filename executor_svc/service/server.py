@@ -109,9 +109,12 @@ async def _heartbeat(endpoint) -> None:
 
 
 async def _endpoint_ended(launches: asyncio.Future, endpoint) -> str:
-    """Why the link ended by itself: the endpoint process's exit (or a frame not of the link)."""
-    if launches.exception() is not None:
-        return f"the link to the gRPC endpoint process broke: {launches.exception()}"
+    """Why the link ended by itself: the endpoint process's exit (or a frame not of the link). A
+    killed endpoint ends the link with end of file or, with frames unread, a connection reset:
+    both are its exit."""
+    exc = launches.exception()
+    if exc is not None and not isinstance(exc, OSError):  # (ConnectionResetError is an OSError)
+        return f"the link to the gRPC endpoint process broke: {exc}"
     code = await asyncio.get_running_loop().run_in_executor(None, endpoint.wait, 5.0)
     return f"the gRPC endpoint process exited with status {code}"
 
