@@ -25,7 +25,7 @@ from llmserve.flags import (  # noqa: F401 (imported from here by tests and benc
     security_hint,
     services_env,
 )
-from scheduler_svc.lifetime import die_with_parent
+from llmserve.lifetime import die_with_parent
 
 STOP_TIMEOUT_S = 15.0  # for both services to drain and exit before they are killed
 NAMES = ("executor", "scheduler")  # in the order of flags.commands()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import ctypes
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from executor_svc.service import link
+from llmserve.lifetime import die_with_parent
 from llmserve.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 INTERNAL_TOKEN_HINT = ("the executor serves only its scheduler, which sends the internal token: "
                        "give both services the same secret (LLMSERVE_INTERNAL_TOKEN, or "
                        "--internal-token on each)")
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class EndpointProcess:
@@ -83,15 +82,6 @@ class EndpointProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL from the kernel when the parent exits (Linux); exits now if it already has.
-    The link's end of file ends this process too, where there is no such request."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(1)
 
 
 async def _serve(sock: socket.socket) -> None:
@@ -159,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fd", type=int, required=True)
     p.add_argument("--parent-pid", type=int, required=True)
     args = p.parse_args(argv)
-    _die_with_parent(args.parent_pid)
+    die_with_parent(signal.SIGKILL, args.parent_pid)  # (the link's end of file is the fallback)
     configure_logging("INFO", "executor", "endpoint")
     try:
         import uvloop

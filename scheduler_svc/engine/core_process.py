@@ -28,7 +28,7 @@ from scheduler_svc.engine.containment import add_all_or_none, request_failed, se
 from scheduler_svc.engine.executor_client import ExecutorClient, ExecutorUnavailable
 from scheduler_svc.engine.stats import EngineStats, StatsLogger
 from scheduler_svc.engine.step_loop import StepLoop
-from scheduler_svc.lifetime import die_with_parent
+from llmserve.lifetime import die_with_parent
 from scheduler_svc.messages import (ALL, AbortRequest, AddRequest, CoreStats, Failed, Outputs, Ready,
                                     RequestError, encode_output, stats_tuple)
 from scheduler_svc.pipe import Channel, ChannelClosed
