@@ -13,12 +13,12 @@ import time
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
 from step_protocol import codec
 from tests.executor.conftest import make_runner
+from tests.executor.processes import children_running, gone, wait_serving
 from tests.executor.service.test_server import decode, new_plan
 from tests.executor.tp_helpers import free_port
 
@@ -30,42 +30,12 @@ def _start(path):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "executor_svc", "--model", str(path), "--port", str(port), *FLAGS],
                             stderr=subprocess.PIPE, text=True)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    health = health_pb2_grpc.HealthStub(channel)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read()
-        try:
-            if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
-                return proc, channel
-        except grpc.RpcError:
-            time.sleep(0.3)
-    proc.kill()
-    raise AssertionError("the executor did not start")
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            out += [int(c) for c in f.read().split()]
-    return out
-
-
-def children_running(pid: int, module: str) -> list[int]:
-    """The children of `pid` started as `python -m <module>` (the ranks; the gRPC endpoint is a child too)."""
-    def cmdline(child: int) -> list[bytes]:
-        with open(f"/proc/{child}/cmdline", "rb") as f:
-            return f.read().split(b"\0")
-    return [c for c in _children(pid) if module.encode() in cmdline(c)]
-
-
-def gone(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+        wait_serving(proc, f"127.0.0.1:{port}")
+    except AssertionError:
+        proc.kill()
+        raise
+    return proc, grpc.insecure_channel(f"127.0.0.1:{port}")
 
 
 @pytest.fixture

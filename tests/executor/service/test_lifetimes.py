@@ -12,11 +12,10 @@ import time
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from protos.llmserve.executor.v1 import executor_pb2_grpc as pb_grpc
-from tests.executor.parallel.test_tensor_parallel_service import children_running, gone
+from tests.executor.processes import children_running, gone, wait_serving
 from tests.executor.service.test_endpoint import maps
 from tests.executor.service.test_server import new_plan
 from tests.executor.tp_helpers import free_port
@@ -34,7 +33,7 @@ def executor(model_dirs):
                             start_new_session=True)
     address = f"127.0.0.1:{port}"
     try:
-        _wait_serving(proc, address)
+        wait_serving(proc, address)
         endpoints = children_running(proc.pid, "executor_svc.service.endpoint")
         assert len(endpoints) == 1, endpoints
         yield proc, address, endpoints[0]
@@ -42,20 +41,6 @@ def executor(model_dirs):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def _wait_serving(proc: subprocess.Popen, address: str) -> None:
-    with grpc.insecure_channel(address) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                time.sleep(0.2)
-    raise AssertionError("the executor did not start")
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:
