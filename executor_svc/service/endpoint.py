@@ -123,6 +123,7 @@ async def _serve(sock: socket.socket) -> None:
         log.warning("the device process has gone (%s): stopping", router.exception() or "end of file")
     await health_servicer.enter_graceful_shutdown()
     await server.stop(stopping.result() if stopping.done() else 0)  # results still come meanwhile
+    await endpoint.streams_ended(1.0)
     router.cancel()
     writer.close()
 
