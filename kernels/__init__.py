@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from kernels import reference
-from kernels.step_ops import GREEDY_MAX_DRAFTS, decode_advance, greedy_verify, rejection_sample, verify_scan
+from kernels.step_ops import TOKEN_ROWS_MAX_DRAFTS, decode_advance, rejection_sample, verify_scan, verify_token_rows
 
 __all__ = [
     "write_kv",
@@ -29,8 +29,8 @@ __all__ = [
     "rms_norm_quant",
     "silu_and_mul_quant",
     "verify_scan",
-    "greedy_verify",
-    "GREEDY_MAX_DRAFTS",
+    "verify_token_rows",
+    "TOKEN_ROWS_MAX_DRAFTS",
     "rejection_sample",
     "decode_advance",
 ]

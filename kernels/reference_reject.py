@@ -22,20 +22,25 @@ from kernels.reference import uniform_noise
 
 def rejection_sample_reference(
     logits: torch.Tensor,  # [M, V] float32 | bfloat16
-    draft_ids: torch.Tensor,  # [M] int64, in [0, V)
+    draft_ids: torch.Tensor,  # [M] int64, in [0, V), or -1: no draft
     temperature: torch.Tensor,  # [M] float32; <= 0 = greedy
     seeds: torch.Tensor,  # [M] int64
     positions: torch.Tensor,  # [M] int64: the drafted token's position
     accept_key: int,  # the acceptance uniforms' seeds are seeds ^ accept_key
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(accepted [M] bool, recovered [M] int64)."""
+    """(accepted [M] bool, recovered [M] int64). A row whose draft is -1 has none: it is not
+    accepted and its recovered token is the sampler's draw (kernels.gumbel_sample's, bit for
+    bit: nothing is removed); the verify tail asks so for each request's last token row."""
     logits = logits.float()
     greedy_ids = logits.argmax(dim=-1)
     scaled = logits / temperature.float().clamp_min(1e-5)[:, None]
-    p_draft = torch.exp(scaled.gather(1, draft_ids[:, None])[:, 0] - torch.logsumexp(scaled, dim=-1))
+    has_draft = draft_ids >= 0
+    at_draft = draft_ids.clamp_min(0)[:, None]
+    p_draft = torch.exp(scaled.gather(1, at_draft)[:, 0] - torch.logsumexp(scaled, dim=-1))
     u = uniform_noise(seeds ^ accept_key, positions, 1)[:, 0]
     gumbel = -torch.log(-torch.log(uniform_noise(seeds, positions, logits.shape[-1])))
-    score = (scaled + gumbel).scatter(1, draft_ids[:, None], float("-inf"))
+    is_draft = torch.arange(logits.shape[-1], device=logits.device)[None, :] == draft_ids[:, None]
+    score = (scaled + gumbel).masked_fill(is_draft, float("-inf"))
     random_rows = temperature > 0
-    accepted = torch.where(random_rows, u < p_draft, greedy_ids == draft_ids)
+    accepted = torch.where(random_rows, (u < p_draft) & has_draft, greedy_ids == draft_ids)
     return accepted, torch.where(random_rows, score.argmax(dim=-1), greedy_ids)

@@ -44,33 +44,40 @@ def verify_scan_reference(
     return tokens, n, final, valid
 
 
-def greedy_verify_reference(
-    ids: torch.Tensor,  # [T] int64: each token row's argmax
+def verify_token_rows_reference(
+    ids: torch.Tensor,  # [T] int64, in/out: each token row's token (greedy: its argmax)
     input_ids: torch.Tensor,  # [T] int64: each token's input (a request's drafts at its tokens 1..d)
-    segments: torch.Tensor,  # [T] int32: (d << 1) | chained at a request's first token, -1 elsewhere
+    segments: torch.Tensor,  # [T] int32: (d << 1) | chained at a request's first token, < 0 elsewhere
     src_rows: torch.Tensor,  # [T] int64: each token's persistent row
     last_tokens: torch.Tensor,  # [R] int64, in/out
     chain_ok: torch.Tensor,  # [R] bool, in/out
     counts: torch.Tensor,  # [T] int64, out
+    accepted: torch.Tensor | None = None,  # [T] bool: the draft after token row t accepted; None: greedy
 ) -> None:
-    """A greedy verify step laid out as token rows (one row per token, a request's tokens
-    consecutive), in one pass: per request (a first token s with d drafts), n = its leading
-    drafts that equal the argmax before them (ids[s + j] == input_ids[s + j + 1]); its tokens
-    are ids[s : s + n + 1] (the accepted drafts are those argmaxes; the last is the final token).
-    A chained request is valid iff chain_ok[row] (read before this step writes it); writes
-    chain_ok[row] = (valid and n == d), last_tokens[row] = ids[s + n] if valid (a void row keeps
-    its last token), counts[s] = n + 1 if valid else 0 and counts = 0 at every other token."""
+    """A verify step laid out as token rows (one row per token, a request's tokens consecutive),
+    in one pass: per request (a first token s with d drafts), n = its leading accepted drafts:
+    greedy (accepted None), draft j is accepted where it equals the argmax before it
+    (ids[s + j] == input_ids[s + j + 1]); else where accepted[s + j]. Its tokens become
+    ids[s : s + n + 1]: the accepted drafts (written over ids[s + j], j < n: the greedy rule
+    leaves them as they were), then ids[s + n], the token drawn where it stopped (the recovered
+    token, or the bonus). A chained request is valid iff chain_ok[row] (read before this step
+    writes it); writes chain_ok[row] = (valid and n == d), last_tokens[row] = ids[s + n] if valid
+    (a void row keeps its last token), counts[s] = n + 1 if valid else 0 and counts = 0 at every
+    other token."""
     counts.zero_()
     starts = torch.nonzero(segments >= 0)[:, 0]
     if not len(starts):
         return
     seg = segments[starts].long()
     d, chained = seg >> 1, (seg & 1).bool()
-    j = torch.arange(int(d.max()), device=ids.device)
+    j = torch.arange(max(int(d.max()), 1), device=ids.device)
     inside = j[None, :] < d[:, None]
     at = torch.where(inside, starts[:, None] + j[None, :], torch.zeros_like(j)[None, :])
-    match = (ids[at] == input_ids[torch.where(inside, at + 1, at)]) & inside
-    n = match.long().cumprod(dim=1).sum(dim=1)
+    drafts = input_ids[torch.where(inside, at + 1, at)]
+    ok = (ids[at] == drafts) if accepted is None else accepted[at]
+    n = (ok & inside).long().cumprod(dim=1).sum(dim=1)
+    take = inside & (j[None, :] < n[:, None])
+    ids[at[take]] = drafts[take]
     rows = src_rows[starts]
     valid = ~chained | chain_ok[rows]
     chain_ok.index_copy_(0, rows, valid & (n == d))

@@ -98,18 +98,19 @@ def _reject_reduce_kernel(
         s = tl.load(lsum_ptr + base + offs, mask=valid, other=0.0)
         row_max = tl.max(m, 0)
         lse = row_max + tl.log(tl.sum(tl.where(m > float("-inf"), s * tl.exp(m - row_max), 0.0), 0))
-        x = tl.load(logits_ptr + row.to(tl.int64) * stride_l + draft).to(tl.float32)
+        has_draft = draft >= 0  # (-1: none; never accepted, its token the plain draw)
+        x = tl.load(logits_ptr + row.to(tl.int64) * stride_l + draft, mask=has_draft, other=0.0).to(tl.float32)
         p_draft = tl.exp(tl.math.div_rn(x, tl.maximum(temperature, 1e-5)) - lse)
         key = _key(tl.load(seeds_ptr + row) ^ accept_key, tl.load(positions_ptr + row))
         u = ((_mix32(_mix32(key)) >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # token index 0
-        accepted = u < p_draft
+        accepted = (u < p_draft) & has_draft
     tl.store(accepted_ptr + row, accepted)
     tl.store(recovered_ptr + row, token.to(tl.int64))
 
 
 def rejection_sample_triton(
     logits: torch.Tensor,  # [M, V] float32 | bfloat16, last dim contiguous
-    draft_ids: torch.Tensor,  # [M] int64, in [0, V)
+    draft_ids: torch.Tensor,  # [M] int64, in [0, V), or -1: no draft (the plain draw)
     temperature: torch.Tensor,  # [M] float32; <= 0 = greedy
     seeds: torch.Tensor,  # [M] int64
     positions: torch.Tensor,  # [M] int64

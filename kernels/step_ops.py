@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-GREEDY_MAX_DRAFTS = 15  # kernels/spec_verify.py: one Triton variant, up to 15 drafts a request
+TOKEN_ROWS_MAX_DRAFTS = 15  # kernels/spec_verify.py: one Triton variant, up to 15 drafts a request
 
 
 def decode_advance(
@@ -61,25 +61,26 @@ def verify_scan(
                                  chain_ok, chained, prev_last, max_drafts)
 
 
-def greedy_verify(
-    ids: torch.Tensor,  # [T] int64: each token row's argmax
+def verify_token_rows(
+    ids: torch.Tensor,  # [T] int64, in/out: each token row's token (greedy: its argmax)
     input_ids: torch.Tensor,  # [T] int64
-    segments: torch.Tensor,  # [T] int32: (d << 1) | chained at a request's first token, -1 elsewhere
+    segments: torch.Tensor,  # [T] int32: (d << 1) | chained at a request's first token, < 0 elsewhere
     src_rows: torch.Tensor,  # [T] int64
     last_tokens: torch.Tensor,  # [R] int64, in/out
     chain_ok: torch.Tensor,  # [R] bool, in/out
     counts: torch.Tensor,  # [T] int64, out
+    accepted: torch.Tensor | None = None,  # [T] bool (the rejection rule's); None: greedy
 ) -> None:
-    """A greedy verify step of token rows in one pass: each request's accepted drafts, its
-    tokens' count at its first token, its chain flag and last token (at most GREEDY_MAX_DRAFTS
-    drafts a request on CUDA; kernels/reference_verify.py says exactly what)."""
+    """A verify step of token rows in one pass: each request's accepted drafts (its tokens in
+    place in ids), its tokens' count at its first token, its chain flag and last token (at most
+    TOKEN_ROWS_MAX_DRAFTS drafts a request on CUDA; kernels/reference_verify.py says exactly what)."""
     if ids.is_cuda:
-        from kernels.spec_verify import greedy_verify_triton
+        from kernels.spec_verify import verify_token_rows_triton
 
-        return greedy_verify_triton(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts)
-    from kernels.reference_verify import greedy_verify_reference
+        return verify_token_rows_triton(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts, accepted)
+    from kernels.reference_verify import verify_token_rows_reference
 
-    return greedy_verify_reference(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts)
+    return verify_token_rows_reference(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts, accepted)
 
 
 def rejection_sample(
@@ -91,7 +92,8 @@ def rejection_sample(
     accept_key: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative decoding's rejection rule for rows without top-k / top-p: (accepted [M] bool,
-    recovered [M] int64), kernels/reference_reject.py says exactly what."""
+    recovered [M] int64); a draft of -1 is none (the row's plain draw); kernels/reference_reject.py
+    says exactly what."""
     if logits.is_cuda:
         from kernels.spec_reject import rejection_sample_triton
 

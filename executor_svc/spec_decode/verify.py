@@ -16,8 +16,8 @@ The row answers its accepted drafts and that one token. Its num_computed was adv
 steps (the rows' chain flags, the pending rollbacks); a step's VerifyRows are made once, by
 Verifier.prepare, and never written after; verify() answers a VerifyOutcome. A verify step of
 decode and verify rows that fits a decode graph runs as token rows (worker/step_inputs.py: each
-token a decode row) and replays that decode graph — if its rows are all greedy, with its tail (the
-samples, the scan) one more replay (greedy_tail.py) —; others replay mixed CUDA graphs
+token a decode row) and replays that decode graph — if its rows sample plainly, with its tail (the
+samples, the rejection rule, the scan) one more replay (verify_tail.py) —; others replay mixed CUDA graphs
 (worker/cuda_graphs.py: their hidden states are kept) or run eagerly when larger than the largest.
 
 Chained verify rows (StepPlan.draft_chained; docs/scheduler.md, "Verify rows that keep the
@@ -42,16 +42,13 @@ import torch
 import kernels
 from executor_svc.sample.ops import SamplingTensors, scale_and_cut
 from executor_svc.sample.sampler import Sampled, Sampler
-from executor_svc.spec_decode.greedy_tail import GreedyOutcome, GreedyVerify, greedy_result, write_segments
+from executor_svc.spec_decode.verify_tail import ACCEPT_SEED_KEY, RANDOM, TailOutcome, VerifyTail, tail_result, write_segments
 from executor_svc.worker.cuda_graphs import GraphRunner
 from executor_svc.worker.staged import PinnedOut, Staged
 from executor_svc.worker.input_batch import InputBatch, RequestState
 from executor_svc.worker.step_buffers import StepBuffers
 from executor_svc.worker.step_inputs import Scheduled
 from kernels.reference import uniform_noise
-
-# Seeds of the acceptance uniforms: a stream apart from the Gumbel noise of the same position.
-ACCEPT_SEED_KEY = 0x5EC_DEC0DE
 
 
 def rejection_sample(logits: torch.Tensor, draft_ids: torch.Tensor,
@@ -94,7 +91,7 @@ class VerifyRows:
     states: list[RequestState]  # per verify row
     sample_index: np.ndarray  # [S] int64: its index among the step's sampled rows
     num_drafts: np.ndarray  # [S] int64
-    # (the device columns below: None in a greedy tail's step, but token_index and rows with a draft model)
+    # (the device columns below: None in a tail's step, but token_index and rows with a draft model)
     token_index: torch.Tensor | None  # [D] int64: the step's token predicting each draft
     draft_ids: torch.Tensor | None  # [D] int64 the plan's drafts; None: the draft model proposes them
     params: SamplingTensors | None  # per draft: the row's parameters, the drafted token's position
@@ -104,12 +101,8 @@ class VerifyRows:
     chained: torch.Tensor | None = None  # [S] bool: chained rows; None = none in this step
     logits_row: int | None = None  # the drafts' logits are the step's logits rows logits_row.. (+D); None: from hidden states
     parity: int = 0  # the step's host set (its outcome's pinned copies)
-    offsets: np.ndarray | None = None  # [B] each request's first token: a greedy tail's step (greedy_tail.py); else None
-
-    @property
-    def greedy(self) -> bool:
-        """Whether the step's tail is greedy_tail.py's (every request samples: its tokens)."""
-        return self.offsets is not None
+    offsets: np.ndarray | None = None  # [B] each request's first token: a tail's step (verify_tail.py); else None
+    tail: str | None = None  # verify_tail.py's kind (GREEDY, RANDOM) of a tail's step
 
     @property
     def max_drafts(self) -> int:
@@ -137,15 +130,15 @@ class Verifier:
     """Verification across steps: the rows' chain flags (device) and the rejected drafts'
     slots still to give back (Rollbacks)."""
 
-    def __init__(self, max_num_seqs: int, max_num_tokens: int, buffers: StepBuffers, last_tokens: torch.Tensor,
+    def __init__(self, max_num_seqs: int, max_num_tokens: int, buffers: StepBuffers, sampler: Sampler,
                  graphs: GraphRunner | None = None):
         device = buffers.device
         # Per row: whether its last verify row (and every row of its chain) accepted every
         # draft; read by a chained verify row, written by every verify row.
         self.chain_ok = torch.zeros(max_num_seqs + 1, dtype=torch.bool, device=device)
-        self.greedy = GreedyVerify(buffers, last_tokens, self.chain_ok, max_num_seqs)  # token-row greedy steps' tail
+        self.tail = VerifyTail(buffers, sampler.inputs, sampler.last_tokens, self.chain_ok, max_num_seqs)  # token-rows steps' tail
         if graphs is not None and device.type == "cuda":  # captured per decode size, after the decode graphs
-            self.greedy.capture(graphs.logits, graphs.sizes, graphs.pool)
+            self.tail.capture(graphs.logits, graphs.sizes, graphs.pool)
         self.rollbacks = Rollbacks()
         self.max_num_seqs = max_num_seqs
         # a step's columns: 5 per draft and 1 per row of 8 bytes, 2 per draft of 4, 1 per row of 1
@@ -155,16 +148,17 @@ class Verifier:
         self._out = PinnedOut(max_num_tokens * 8 + max_num_seqs * 24 + 64, device)
 
     def prepare(self, batch: InputBatch, sampler: Sampler, buf: StepBuffers, sched: Scheduled,
-                draft_token_ids: list[int], sample_rows: np.ndarray, parity: int, greedy: bool = False) -> VerifyRows:
+                draft_token_ids: list[int], sample_rows: np.ndarray, parity: int, tail: str | None = None) -> VerifyRows:
         """Writes the drafts of the verify rows (sched.drafts [B] > 0, plan order) into the host
         input buffers (the row's first token is its last sample, the rest its drafts), and, when
         the step's logits rows can hold them (at most max_num_seqs in all: a mixed graph's
         rows), the drafts' token indices after the sampled rows' in logits_indices; call after
         prepare_step, before the copy to the device. No draft_token_ids (a draft model proposes,
         draft.py): the drafts are written on the device later, and its draft ids come from there.
-        greedy: a token-rows step whose rows are all greedy_only (the runner's word): with at
-        most GREEDY_MAX_DRAFTS drafts a request its tail is greedy_tail.py's, and only its
-        segments (and, for a draft model, the drafts' token index and rows) are written."""
+        tail: a token-rows step's verify_tail.tail_kind (the runner's word): with at most
+        TOKEN_ROWS_MAX_DRAFTS drafts a request it takes that tail, and only its segments, for a
+        RANDOM tail the Sampler's columns a token row each (sampler.prepare again), and for a
+        draft model the drafts' token index and rows are written."""
         rows, counts, num_drafts = sched.rows, sched.counts, sched.drafts
         idx = np.flatnonzero(num_drafts)
         d = num_drafts[idx]
@@ -186,13 +180,16 @@ class Verifier:
             ids[token_index + 1] = drafts
         num_sample = len(sample_rows)
         chained = None if sched.chained is None else sched.chained[idx]
-        if greedy and int(d.max()) <= kernels.GREEDY_MAX_DRAFTS:
-            write_segments(buf, cu - counts, num_drafts, sched.chained, int(cu[-1]))
+        if tail is not None and int(d.max()) <= kernels.TOKEN_ROWS_MAX_DRAFTS:
+            num_tokens = int(cu[-1])
+            write_segments(buf, cu - counts, num_drafts, sched.chained, num_tokens)
+            if tail == RANDOM:  # each token row draws at the position after its input's
+                sampler.prepare(buf.src_rows.np[:num_tokens], buf.positions.np[:num_tokens] + 1, parity)
             index_d = vrows_d = None
             if not len(drafts):  # the draft model writes its drafts at token_index + 1 (draft.py)
                 index_d, vrows_d = self._staged.to_device([(token_index, np.int64), (vrows, np.int64)], parity)
             return VerifyRows([batch.states[r] for r in vrows.tolist()], idx, d, index_d, None, None, None, None,
-                              vrows_d, logits_row=num_sample, parity=parity, offsets=cu - counts)
+                              vrows_d, logits_row=num_sample, parity=parity, offsets=cu - counts, tail=tail)
         logits_row = num_sample if num_sample + len(token_index) <= self.max_num_seqs else None
         if logits_row is not None:
             buf.logits_indices.np[num_sample:num_sample + len(token_index)] = token_index
@@ -215,12 +212,12 @@ class Verifier:
                           chained=None if chained is None else chained_d, logits_row=logits_row,
                           parity=parity)
 
-    def greedy_tail(self, v: VerifyRows, logits: torch.Tensor, num_tokens: int,
-                    graph_size: int) -> tuple[Sampled, tuple[VerifyRows, GreedyOutcome]]:
-        """A greedy tail's step (v.greedy) after its forward: greedy_tail.py's pass over its
-        token rows' logits (or its graph of graph_size) -> what the step's handle keeps: every
-        token row's argmax as its samples, and (v, outcome) for result()."""
-        outcome = self.greedy.launch(logits, num_tokens, graph_size, v.parity)
+    def run_tail(self, v: VerifyRows, logits: torch.Tensor, num_tokens: int,
+                 graph_size: int) -> tuple[Sampled, tuple[VerifyRows, TailOutcome]]:
+        """A tail's step (v.tail) after its forward: verify_tail.py's pass over its token rows'
+        logits (or its graph of graph_size) -> what the step's handle keeps: every token row's
+        token as its samples, and (v, outcome) for result()."""
+        outcome = self.tail.launch(logits, num_tokens, graph_size, v.tail, v.parity)
         return Sampled(outcome.ids, None), (v, outcome)
 
     def verify(self, v: VerifyRows, logits: torch.Tensor, draft_ids: torch.Tensor, last_tokens: torch.Tensor,
@@ -241,13 +238,13 @@ class Verifier:
         host = self._out.copy([tokens, num_accepted] + ([] if valid is None else [valid]), v.parity)
         return VerifyOutcome(host[0], host[1], final, host[2] if valid is not None else None)
 
-    def result(self, v: VerifyRows, outcome: VerifyOutcome | GreedyOutcome,
+    def result(self, v: VerifyRows, outcome: VerifyOutcome | TailOutcome,
                token_ids: list[int]) -> tuple[list[int], list[int]]:
         """(token ids, tokens per sampled row) of a finished step from its sampled ids (one per
         row) and its verify rows' outcome (its host copies: no device sync); registers the
         rejected drafts' rollbacks."""
-        if isinstance(outcome, GreedyOutcome):  # token_ids: every token row's argmax
-            per_row = greedy_result(v.offsets, token_ids, outcome.counts.tolist())
+        if isinstance(outcome, TailOutcome):  # token_ids: every token row's (each request's, from its first)
+            per_row = tail_result(v.offsets, token_ids, outcome.counts.tolist())
             emitted = [len(per_row[i]) for i in v.sample_index.tolist()]
             rejected = [int(n + 1 - e) for n, e in zip(v.num_drafts.tolist(), emitted)]  # (a void row: all)
         else:

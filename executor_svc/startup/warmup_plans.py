@@ -196,17 +196,19 @@ class WarmupPlans:
         return plans
 
     def verify_scenarios(self) -> list[list[StepPlan]]:
-        """Speculative verify rows (their token rows, the rejection rule, the verify scan), with an
-        odd and an even number of drafts, and with every row greedy (the greedy tail,
-        spec_decode/greedy_tail.py). With a draft model, its eager decodes over the verify rows:
-        one scenario per batch-size class of its decode variants."""
+        """Speculative verify rows (their token rows and their tails, spec_decode/verify_tail.py:
+        the random tail's rejection rule), with an odd and an even number of drafts; with every
+        row greedy (the greedy tail); with a top-k row (no tail: the general rejection rule and
+        the verify scan). With a draft model, its eager decodes over the verify rows: one
+        scenario per batch-size class of its decode variants."""
         drafts = [(2, 1), (1, 1)]
         if self.shapes.draft_model:
             key = self.shapes.decode_key or (lambda b: None)
             drafts += [(2,) * b for b in representatives(1, self.shapes.max_num_seqs,
                                                          lambda b: (request_class(b), key(b)))]
         scenarios = [self.verify_rows(d) for d in drafts if len(d) <= self.shapes.max_num_seqs]
-        return scenarios + [self.verify_rows((2,), [greedy()])]
+        cut = SamplerParams(temperature=0.8, top_k=5, seed=7)
+        return scenarios + [self.verify_rows((2,), [greedy()]), self.verify_rows((2, 1), [greedy(), cut])]
 
     def verify_rows(self, drafts: tuple[int, ...], params: list[SamplerParams] | None = None) -> list[StepPlan]:
         """New 4-token prompts (a greedy and a random one in turn, or `params`'), then a verify row

@@ -20,6 +20,7 @@ from executor_svc.sample.logprobs import prompt_logprobs
 from executor_svc.sample.sampler import Sampler
 from executor_svc.spec_decode.draft import DraftProposer
 from executor_svc.spec_decode.verify import Verifier
+from executor_svc.spec_decode.verify_tail import tail_kind
 from executor_svc.worker.cuda_graphs import GraphRunner, GraphShape
 from executor_svc.worker.deferred_sampling import DeferredSampling
 from executor_svc.worker.input_batch import InputBatch
@@ -48,7 +49,7 @@ class ModelRunner:
         self.sampler, self.limits, self._info, self.graphs = sampler, limits, info, graphs
         self.drafter, self.ranks = drafter, ranks if ranks is not None else OneDevice()
         self.device = buffers.device
-        self.verifier = Verifier(limits.max_num_seqs, limits.max_num_tokens, buffers, sampler.last_tokens, graphs)
+        self.verifier = Verifier(limits.max_num_seqs, limits.max_num_tokens, buffers, sampler, graphs)
         self._graphs_on = graphs is not None
         self._parity = 0  # host buffer set of the next launched step
         self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
@@ -59,8 +60,7 @@ class ModelRunner:
         self._deferred = DeferredSampling(sampler, self._take_failures)  # constrained steps'
         self._steady = SteadyDecode(self.ranks.alone, limits.max_num_seqs, self.device)  # the last step's rows again
 
-    def info(self) -> ExecutorInfo:
-        """The handshake answer: what start-up loaded, allocated and captured."""
+    def info(self) -> ExecutorInfo:  # the handshake answer: what start-up loaded, allocated and captured
         return self._info
 
     def use_graphs(self, enabled: bool) -> None:
@@ -146,17 +146,17 @@ class ModelRunner:
             drafts = None if spec is None else spec.draft_ids
             if self.drafter is not None:  # draft model: its KV catches up, verify rows get drafts
                 drafts = self.drafter.propose(scheduled, spec, parity, self.buffers.input_ids.gpu)
-            greedy_tail = spec is not None and spec.greedy  # token rows, every row greedy: greedy_tail.py
-            logits, hidden = self._forward(step, attn, shape, num_logits, greedy_tail)  # [N + D, V]; [T, H] eager
+            tail = spec is not None and spec.tail is not None  # token rows sampling plainly: verify_tail.py
+            logits, hidden = self._forward(step, attn, shape, num_logits, tail)  # [N + D, V]; [T, H] eager
             timer.mark()
             before = self._last_timer  # its last mark is final: a deferred sampling was flushed above
             handle = StepHandle(out, timer=timer, prev_end=before.end_event if before is not None else None)
             last = self.sampler.last_tokens
             prev_last = last[spec.rows] if spec is not None and spec.chained is not None else None
             greedy = None  # a greedy verify step's argmax of its drafts' logits rows
-            if greedy_tail and self.ranks.decides:  # the rows' tokens and the drafts' scan: one pass
+            if tail and self.ranks.decides:  # the rows' tokens and the drafts' scan: one pass
                 graph_size = shape.num_reqs if shape is not None and shape.decode else 0  # (its tail's graph)
-                handle.sampled, handle.verify = self.verifier.greedy_tail(spec, logits, step.num_tokens, graph_size)
+                handle.sampled, handle.verify = self.verifier.run_tail(spec, logits, step.num_tokens, graph_size)
             elif step.num_sample and self.ranks.decides:
                 every_row = shape is not None and shape.decode and step.num_sample == step.num_reqs
                 graph_size = shape.num_reqs if every_row else 0
@@ -169,7 +169,7 @@ class ModelRunner:
                     greedy = ids[step.num_sample:]
                 else:
                     handle.sampled = self.sampler.sample(logits[:step.num_sample], sampling, graph_size)
-            if spec is not None and not greedy_tail:  # the drafts' logits rows follow the sampled rows' (or hidden)
+            if spec is not None and not tail:  # the drafts' logits rows follow the sampled rows' (or hidden)
                 draft_logits = (logits[spec.logits_row:num_logits] if spec.logits_row is not None  # every rank
                                 else self.model.compute_logits(hidden[spec.token_index]))
                 if self.ranks.decides:  # (the verify writes the rows' last tokens: the final ones)
@@ -251,7 +251,7 @@ class ModelRunner:
             step.token_offset)
         spec = None if scheduled.drafts is None else self.verifier.prepare(  # (drafts: never a steady step)
             self.batch, self.sampler, self.buffers, scheduled, admitted.plan.draft_token_ids, step.sample_rows, parity,
-            greedy=token_rows and self.sampler.greedy_only(sampling))
+            tail=tail_kind(sampling) if token_rows else None)
         return Prepared(step, sampling, prompt_rows, spec)
 
     def _token_rows_max(self) -> int:
@@ -283,7 +283,7 @@ class ModelRunner:
     def _forward(self, step: PreparedStep, attn: AttentionMetadata, shape: GraphShape | None,
                  num_logits: int, token_order: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """([num_logits, V] logits of the sampled rows then any drafts' rows, or of every token
-        row in order (token_order: a greedy tail's step), [T, H] hidden states or None): the
+        row in order (token_order: a tail's step), [T, H] hidden states or None): the
         graph of `shape` replayed (a mixed graph's hidden states, none of a decode graph), or
         eagerly (shape None)."""
         if shape is not None:

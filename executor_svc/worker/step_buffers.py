@@ -17,7 +17,7 @@ _SPECS = {
     "seq_lens": PackedSpec("reqs", torch.int32),  # [B]
     "query_start_loc": PackedSpec("reqs", torch.int32, extra=1),  # [B + 1]
     "logits_indices": PackedSpec("tokens", torch.int64),  # [N (+ D) <= T]: token of each sampled row (then of each draft)
-    "verify_segments": PackedSpec("tokens", torch.int32, fill=-1),  # [T] greedy verify tails (spec_decode/greedy_tail.py)
+    "verify_segments": PackedSpec("tokens", torch.int32, fill=-2),  # [T] verify tails (spec_decode/verify_tail.py)
 }
 
 
@@ -54,7 +54,7 @@ class StepBuffers:
         self.block_tables.np[num_reqs:reqs_to] = 0
         self.query_start_loc.np[num_reqs + 1:reqs_to + 1] = self.query_start_loc.np[num_reqs]
         self.logits_indices.np[num_logits:reqs_to] = 0
-        self.verify_segments.np[num_tokens:tokens_to] = -1
+        self.verify_segments.np[num_tokens:tokens_to] = -2  # (no token: not a draft)
 
     def copy_to_device(self, num_reqs: int, num_tokens: int) -> None:
         """Enqueues (non-blocking) the one copy of what a step of num_reqs requests and

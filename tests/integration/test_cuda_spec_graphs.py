@@ -29,29 +29,35 @@ def runner(tmp_path_factory):
         mixed_cuda_graph_sizes=(8, 16, 32, 64)))
 
 
+class Recording(dict):
+    """A tail's graphs that note each (size, kind) replayed."""
+
+    def __init__(self, graphs: dict):
+        super().__init__(graphs)
+        self.replayed: list[tuple[int, str]] = []
+
+    def get(self, key, default=None):
+        graph = super().get(key, default)
+        if graph is not None:
+            self.replayed.append(key)
+        return graph
+
+
 @pytest.mark.parametrize("depth", [1, 3])
 def test_verify_steps_replay_graphs_and_stay_token_exact(runner, depth):
     prompts = prompts_for(runner.info().vocab_size)
     runner.use_graphs(True)
     reference, _ = generate(runner, prompts, None, depth=depth)
     sizes = record_graph_sizes(runner)
-    greedy, tails = runner.verifier.greedy, []
-    captured = greedy.graphs
-    assert sorted(captured) == [1, 2, 4, 8]  # a greedy tail graph per decode size (greedy_tail.py)
-
-    class Recording(dict):
-        def get(self, size, default=None):
-            graph = super().get(size, default)
-            tails.append(size) if graph is not None else None
-            return graph
-
-    greedy.graphs = Recording(captured)
+    tail, captured = runner.verifier.tail, runner.verifier.tail.graphs
+    assert sorted(captured) == [(s, k) for s in (1, 2, 4, 8) for k in ("greedy", "random")]  # verify_tail.py
+    tail.graphs = recording = Recording(captured)
     try:
         in_graphs, scheduler = generate(runner, prompts, SPEC, depth=depth)
     finally:
         del runner.launch  # the instance attribute: the method again
-        greedy.graphs = captured
-    assert tails, "no greedy verify step replayed its tail's graph"
+        tail.graphs = captured
+    assert {kind for _, kind in recording.replayed} == {"greedy"}, "no greedy verify step replayed its tail's graph"
     runner.use_graphs(False)
     try:
         eager, _ = generate(runner, prompts, SPEC, depth=depth)
@@ -137,3 +143,47 @@ def test_a_greedy_verify_step_launches_without_a_host_sync(runner, graphs):
         assert out.graph_size == (4 if graphs else 0)  # 1 + 3 token rows: the decode graph of 4
     finally:
         runner.use_graphs(True)
+
+
+def test_random_verify_steps_replay_their_tail_and_give_the_scan_paths_tokens(runner):
+    """Seeded random rows with drafts (spec_decode/verify_tail.py's random tail): replayed in its
+    graphs, run eagerly, and through the scan path (steps not laid out as token rows), the same
+    tokens; the steps of more tokens than the largest graph (8) take the scan path in all three."""
+    from unittest import mock
+
+    from tests.executor.spec_decode.test_spec_random_tail import _greedy_continuations, _run
+
+    drafts = [(1, 1, 2), (2, 1, 0), (1, 2, 1), (2, 2, 2), (3, 0, 1)]  # 7, 6, 7, 9 (no tail) and 6 tokens
+    runner.use_graphs(True)
+    refs = _greedy_continuations(runner, 24)
+    tail, captured = runner.verifier.tail, runner.verifier.tail.graphs
+    tail.graphs = recording = Recording(captured)
+    try:
+        in_graphs = _run(runner, refs, drafts=drafts)
+    finally:
+        tail.graphs = captured
+    assert [kind for _, kind in recording.replayed] == ["random"] * 4
+    with mock.patch("executor_svc.worker.model_runner.use_token_rows", return_value=False):
+        scan = _run(runner, refs, drafts=drafts)
+    runner.use_graphs(False)
+    try:
+        eager = _run(runner, refs, drafts=drafts)
+    finally:
+        runner.use_graphs(True)
+    assert in_graphs == scan == eager
+    assert any(0 < n < d + 1 for (_, counts), step in zip(in_graphs[1:], drafts) for n, d in zip(counts, step))
+
+
+def test_a_random_verify_step_launches_without_a_host_sync(runner):
+    from step_protocol.domain import StepPlan
+    from tests.executor.conftest import cached_rows
+    from tests.executor.cuda_helpers import launch_without_sync
+    from tests.executor.spec_decode.test_spec_random_tail import PARAMS, _new
+
+    runner.use_graphs(True)
+    runner.reset()
+    runner.execute(StepPlan(0, new_requests=_new(PARAMS)))
+    plan = StepPlan(1, cached_requests=cached_rows((1, 3), (2, 2), (3, 1)), num_draft_tokens=[2, 1, 0],
+                    draft_token_ids=[5, 6, 7])
+    out = runner.finish(launch_without_sync(runner, plan))
+    assert out.graph_size == 8 and len(out.num_tokens) == 3 and 3 <= len(out.token_ids) <= 6  # 6 token rows

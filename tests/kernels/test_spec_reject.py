@@ -26,6 +26,7 @@ def _case(seed: int, rows: int, vocab: int, dtype: torch.dtype):
     drafts = torch.randint(0, vocab, (rows,), generator=g)
     drafts[0::3] = logits.float()[0::3].argmax(-1)
     drafts[1::3] = torch.multinomial(probs[1::3], 1, generator=g)[:, 0]
+    drafts[4::5] = -1  # no draft: the row's plain draw (a request's last token row in a verify tail)
     seeds = torch.randint(-2**62, 2**62, (rows,), generator=g)
     positions = torch.randint(0, 1 << 20, (rows,), generator=g)
     return logits, drafts, temperature, seeds, positions
@@ -45,12 +46,45 @@ def test_the_kernel_matches_the_reference(rows, vocab, dtype):
     assert torch.equal(got_rec.cpu(), want_rec.cpu())
     logits, drafts, temperature, seeds, positions = case
     scaled = logits.float() / temperature.clamp_min(1e-5)[:, None]
-    p_draft = scaled.softmax(-1).gather(1, drafts[:, None])[:, 0]
+    p_draft = scaled.softmax(-1).gather(1, drafts.clamp_min(0)[:, None])[:, 0]
     u = uniform_noise(seeds ^ KEY, positions, 1)[:, 0]
     close = (temperature > 0) & ((u - p_draft).abs() <= 1e-5)
     differ = got_acc.cpu() != want_acc.cpu()
     assert not (differ & ~close).any(), differ.nonzero()
     assert 0 < int(want_acc.sum()) < rows or rows == 1  # both outcomes occur
+    assert not got_acc.cpu()[drafts < 0].any()
+
+
+def test_a_row_without_a_draft_is_not_accepted_and_draws_as_the_sampler():
+    """Draft -1: the rule's token is the sampler's plain draw (gumbel_sample), bit for bit, on
+    greedy and random rows; rows with a draft are unchanged by the others having none."""
+    from kernels.reference import gumbel_sample_reference
+
+    logits, drafts, temperature, seeds, positions = _case(3, 24, 2000, torch.float32)
+    none = torch.full_like(drafts, -1)
+    accepted, recovered = rejection_sample_reference(logits, none, temperature, seeds, positions, KEY)
+    assert not accepted.any()
+    assert torch.equal(recovered, gumbel_sample_reference(logits, temperature, seeds, positions))
+    mixed = torch.where(torch.arange(24) % 2 == 0, drafts, none)
+    acc_m, rec_m = rejection_sample_reference(logits, mixed, temperature, seeds, positions, KEY)
+    acc_d, rec_d = rejection_sample_reference(logits, drafts, temperature, seeds, positions, KEY)
+    assert torch.equal(acc_m[0::2], acc_d[0::2]) and torch.equal(rec_m[0::2], rec_d[0::2])
+    assert torch.equal(rec_m[1::2], recovered[1::2])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not ON_CUDA, reason="needs CUDA (the sampling kernel's loop does not run interpreted)")
+def test_without_a_draft_the_kernel_draws_the_sampling_kernels_token():
+    """On the device, the rule's plain draw equals kernels.gumbel_sample's token exactly: a verify
+    tail's bonus token is the one the scan path's sampler draws (same kernels, same noise)."""
+    from kernels.sampling import gumbel_sample_triton
+    from kernels.spec_reject import rejection_sample_triton
+
+    logits, _, temperature, seeds, positions = (t.to(DEVICE) for t in _case(5, 40, 32000, torch.float32))
+    none = torch.full((40,), -1, dtype=torch.int64, device=DEVICE)
+    accepted, recovered = rejection_sample_triton(logits, none, temperature, seeds, positions, KEY)
+    assert not accepted.any()
+    assert torch.equal(recovered, gumbel_sample_triton(logits, temperature, seeds, positions))
 
 
 @TRITON_MARKS[0]

@@ -33,7 +33,7 @@ def verify_row(step_id: int, drafts: list[int], chained: bool = False) -> StepPl
 
 @pytest.fixture(scope="module", params=["greedy tail", "scan"])
 def runner(model_dirs, request):
-    """Both verify paths: the greedy tail of token rows (spec_decode/greedy_tail.py), and the
+    """Both verify paths: the greedy tail of token rows (spec_decode/verify_tail.py), and the
     logits rows' argmax with the scan kernel (a step not laid out as token rows)."""
     runner = make_runner(model_dirs["tiny-llama"], num_kv_blocks=32, block_size=16)
     if request.param == "greedy tail":

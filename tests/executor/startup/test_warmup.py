@@ -151,10 +151,11 @@ def test_with_a_draft_model_verify_rows_carry_counts(model_dirs, caplog):
     verify = [sc[-1] for sc in WarmupPlans(shapes_).verify_scenarios()]
     assert [v.num_draft_tokens for v in verify[:2]] == [[2, 1], [1, 1]]  # an odd and an even count
     assert all(v.draft_token_ids == [] for v in verify)  # counts only: the draft model proposes
-    assert [len(v.num_draft_tokens) for v in verify[2:-1]] == representatives(1, 8, request_class)
-    greedy_tail = WarmupPlans(shapes_).verify_scenarios()[-1]  # every row greedy: the greedy tail's kernel
+    assert [len(v.num_draft_tokens) for v in verify[2:-2]] == representatives(1, 8, request_class)
+    greedy_tail, scan = WarmupPlans(shapes_).verify_scenarios()[-2:]  # the greedy tail; no tail (a top-k row)
     assert greedy_tail[-1].num_draft_tokens == [2]
     assert all(new.sampler_params.temperature == 0 for new in greedy_tail[0].new_requests)
+    assert [new.sampler_params.top_k for new in scan[0].new_requests] == [0, 5]
     with caplog.at_level(logging.INFO, logger="executor_svc.startup.warmup"):
         warmup.warm_up(runner, on_cpu=True)
     assert "rows failed" not in caplog.text and "warm-up:" in caplog.text
