@@ -5,8 +5,9 @@ finds nothing proposes its last token k times; no mode trials), so every decode 
 verify row of k drafts and the figures are the mechanism's cost, not its payoff.
 
     python -m benchmarks.spec_step_cost [--model FOLDER] [--device cpu|cuda] [--batches 1 64]
+                                        [--temperature 0 1] [--max-tokens 64]
 
-Per batch and mode (off: pipelined decode at depth 3; on: n-gram verify rows of k = 4): wall
+Per temperature, batch and mode (off: pipelined decode at depth 3; on: n-gram verify rows of k = 4): wall
 per step, the executor's host time per step (prepare, launch and its thread CPU time) and its device time (forward +
 sample, from its timer), and the scheduler's schedule / apply time per step. Without --model a
 tiny random model is built on the CPU (host costs dominate there; see docs/benchmarks.md).
@@ -105,7 +106,9 @@ def main() -> None:
     p.add_argument("--model", default="")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--temperature", type=float, default=1.0, help="0: greedy rows (the n-gram target's task)")
+    p.add_argument("--temperature", type=float, nargs="+", default=[1.0],
+                   help="0: greedy rows (the n-gram target's task); several: each in turn")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens a request generates in a measured run")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="then profile the launches of one more 'on' run per batch: the N costliest calls by own time")
     p.add_argument("--json", default="")
@@ -120,9 +123,10 @@ def main() -> None:
     seqs = max(args.batches) * (1 + SPEC.num_speculative_tokens)
     runner = build_runner(ExecutorConfig.from_args(["--model", model, "--device", args.device,
                                                     "--max-num-seqs", str(seqs), "--insecure-no-auth"]))
-    rows = compare(runner, args.batches, temperature=args.temperature)
+    rows = [dict(temperature=t, **row) for t in args.temperature
+            for row in compare(runner, args.batches, args.max_tokens, t)]
     for row in rows:
-        print(f"b={row['batch']:<3} {row['mode']:<3} steps {row['steps']:>4} (verify {row['verify_steps']:>3}) "
+        print(f"b={row['batch']:<3} T={row['temperature']:<3g} {row['mode']:<3} steps {row['steps']:>4} (verify {row['verify_steps']:>3}) "
               f"wall/step {row['wall_per_step_us']:>8.0f} us  prepare {row['prepare_us']:>6.0f}  "
               f"launch {row['launch_us']:>7.0f} (cpu {row['launch_cpu_us']:>6.0f})  device {row['forward_us'] + row['sample_us']:>7.0f}  "
               f"schedule {row['schedule_us']:>6.0f}  apply {row['apply_us']:>6.0f}  "
@@ -130,7 +134,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     for b in args.batches if args.profile else ():
-        profile_launches(runner, b, args.temperature, args.profile)
+        profile_launches(runner, b, args.temperature[-1], args.profile)
 
 
 def profile_launches(runner, batch: int, temperature: float, top: int) -> None:
