@@ -80,7 +80,11 @@ def test_a_never_reading_sse_stream_is_cut(cluster):
         deadline = time.monotonic() + 30
         while cluster.status().num_steps == steps_before and time.monotonic() < deadline:
             time.sleep(0.05)
-        status = cluster.wait_idle(timeout=30)
+        # The server's writes block only once ~12 MB of events fill the transports: after ~600
+        # steps (n = 32), which take ~15 s on a quiet 2-core machine and twice that under load,
+        # so the wait is bounded in steps, not seconds: cut, the blocks return; never cut, the
+        # request runs its 1900 steps (~50 s here) and the step count fails.
+        status = cluster.wait_idle(timeout=150)
         assert (status.num_running, status.free_blocks) == (0, status.total_blocks)
         assert status.num_steps - steps_before < 1800
     finally:
