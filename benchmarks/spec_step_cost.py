@@ -77,6 +77,7 @@ def measure(runner, batch: int, spec: SpecDecodeConfig | None, max_tokens: int =
     n = max(len(steps), 1)
     out = dict(batch=batch, steps=len(results), wall_per_step_us=1e6 * wall / len(results),
                verify_steps=sum(bool(p.num_draft_tokens) for p, _ in results),
+               chained_rows=sum(sum(p.draft_chained) for p, _ in results),
                tokens_per_s=batch * max_tokens / wall,
                schedule_us=timings.schedule_us / len(results), apply_us=timings.apply_us / len(results))
     out.update({f: sum(getattr(s, f) for s in steps) / n for f in FIELDS})
@@ -126,7 +127,8 @@ def main() -> None:
     rows = [dict(temperature=t, **row) for t in args.temperature
             for row in compare(runner, args.batches, args.max_tokens, t)]
     for row in rows:
-        print(f"b={row['batch']:<3} T={row['temperature']:<3g} {row['mode']:<3} steps {row['steps']:>4} (verify {row['verify_steps']:>3}) "
+        print(f"b={row['batch']:<3} T={row['temperature']:<3g} {row['mode']:<3} steps {row['steps']:>4} (verify {row['verify_steps']:>3}, "
+              f"chained rows {row['chained_rows']:>3}) "
               f"wall/step {row['wall_per_step_us']:>8.0f} us  prepare {row['prepare_us']:>6.0f}  "
               f"launch {row['launch_us']:>7.0f} (cpu {row['launch_cpu_us']:>6.0f})  device {row['forward_us'] + row['sample_us']:>7.0f}  "
               f"schedule {row['schedule_us']:>6.0f}  apply {row['apply_us']:>6.0f}  "
