@@ -42,7 +42,8 @@ import torch
 import kernels
 from executor_svc.sample.ops import SamplingTensors, scale_and_cut
 from executor_svc.sample.sampler import Sampled, Sampler
-from executor_svc.spec_decode.verify_tail import ACCEPT_SEED_KEY, RANDOM, TailOutcome, VerifyTail, tail_result, write_segments
+from executor_svc.spec_decode.verify_tail import (ACCEPT_SEED_KEY, RANDOM, TailOutcome, VerifyTail, tail_result,
+                                                  write_segments)
 from executor_svc.worker.cuda_graphs import GraphRunner
 from executor_svc.worker.staged import PinnedOut, Staged
 from executor_svc.worker.input_batch import InputBatch, RequestState
@@ -136,7 +137,8 @@ class Verifier:
         # Per row: whether its last verify row (and every row of its chain) accepted every
         # draft; read by a chained verify row, written by every verify row.
         self.chain_ok = torch.zeros(max_num_seqs + 1, dtype=torch.bool, device=device)
-        self.tail = VerifyTail(buffers, sampler.inputs, sampler.last_tokens, self.chain_ok, max_num_seqs)  # token-rows steps' tail
+        # the tail of token-rows steps whose rows sample plainly (verify_tail.py)
+        self.tail = VerifyTail(buffers, sampler.inputs, sampler.last_tokens, self.chain_ok, max_num_seqs)
         if graphs is not None and device.type == "cuda":  # captured per decode size, after the decode graphs
             self.tail.capture(graphs.logits, graphs.sizes, graphs.pool)
         self.rollbacks = Rollbacks()
@@ -148,7 +150,8 @@ class Verifier:
         self._out = PinnedOut(max_num_tokens * 8 + max_num_seqs * 24 + 64, device)
 
     def prepare(self, batch: InputBatch, sampler: Sampler, buf: StepBuffers, sched: Scheduled,
-                draft_token_ids: list[int], sample_rows: np.ndarray, parity: int, tail: str | None = None) -> VerifyRows:
+                draft_token_ids: list[int], sample_rows: np.ndarray, parity: int,
+                tail: str | None = None) -> VerifyRows:
         """Writes the drafts of the verify rows (sched.drafts [B] > 0, plan order) into the host
         input buffers (the row's first token is its last sample, the rest its drafts), and, when
         the step's logits rows can hold them (at most max_num_seqs in all: a mixed graph's
