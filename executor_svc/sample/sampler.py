@@ -27,7 +27,7 @@ from executor_svc.sample.logits_processors import apply_processors, compute_logp
 from executor_svc.sample.logprobs import PendingLogprobs, PromptLogprobRows, prompt_logprob_rows
 from executor_svc.sample.ops import SamplingTensors, sample
 from executor_svc.sample.rows import SamplingRows
-from executor_svc.worker.host_device import to_device, to_host
+from executor_svc.worker.host_device import HOST_SETS, to_device, to_host
 from kernels.reference import bitmask_allows
 from step_protocol.domain import NewRequestData
 
@@ -64,7 +64,7 @@ class Sampler:
         device = last_tokens.device
         # ids sampled by a step, copied here (pinned, one per step parity) and read after its event
         self._host = [torch.zeros(inputs.max_num_seqs, dtype=torch.int64, pin_memory=device.type == "cuda")
-                      for _ in range(2)]
+                      for _ in range(HOST_SETS)]
         self._parity = 0
 
     # ---- per request --------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 The launch thread reads the link's frames (link.py; a blocking recv, without the GIL). A plan
 frame: it parses the plan (protobuf, then step_protocol's codec) and launches it on the runner
 (runner.launch: enqueued on the device, no host sync), then hands the step to the finish thread.
-At most `depth` launched steps are unanswered (2: the runner's two host buffer sets), so plan N+1
-is launched while step N runs on the device, as soon as it has arrived and step N-1 is answered.
+At most `depth` launched steps are unanswered (HOST_SETS: the runner's host buffer sets, 3), so
+plans N+1 and N+2 are launched while step N runs on the device, as soon as they have arrived and
+step N-2 (N-1) is answered.
 The finish thread waits for each step in launch order (runner.finish: its completion event, then
 the sampled ids), serializes its result and sends it: results leave strictly in plan order. A plan
 that fails to parse or launch answers with StepResult.error in its place, and the stream goes on.
@@ -21,13 +22,14 @@ import threading
 import time
 
 from executor_svc.service import link
+from executor_svc.worker.host_device import HOST_SETS
 from executor_svc.worker.plan_checks import PlanError
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from step_protocol import codec
 from step_protocol.domain import StepResult
 
 log = logging.getLogger(__name__)
-DEPTH = 2  # launched steps unanswered at most: the runner's host buffer sets
+DEPTH = HOST_SETS  # launched steps unanswered at most: the runner's host buffer sets
 
 
 class StepThreads:

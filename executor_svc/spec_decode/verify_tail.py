@@ -42,6 +42,7 @@ import torch
 import kernels
 from executor_svc.sample.inputs import SampleInputs, SampleStep
 from executor_svc.worker.cuda_graphs import capture_graph
+from executor_svc.worker.host_device import HOST_SETS
 from executor_svc.worker.step_buffers import StepBuffers
 
 # Seeds of the acceptance uniforms: a stream apart from the Gumbel noise of the same position.
@@ -95,7 +96,7 @@ class VerifyTail:
         self.next_draft = torch.zeros(max_tokens, dtype=torch.int64, device=device)
         self._no_draft = torch.tensor(-1, dtype=torch.int64, device=device)
         self._host = [torch.zeros(2 * max_tokens, dtype=torch.int64, pin_memory=device.type == "cuda")
-                      for _ in range(2)]
+                      for _ in range(HOST_SETS)]
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
 
     @torch.inference_mode()
@@ -122,7 +123,7 @@ class VerifyTail:
             graph.replay()
         else:
             self._run(logits, n, kind)
-        host = self._host[parity % 2][:2 * n]
+        host = self._host[parity % HOST_SETS][:2 * n]
         host.copy_(self.out[:2 * n], non_blocking=True)
         return TailOutcome(host[:n], host[n:])
 

@@ -1,6 +1,6 @@
 """Host <-> device copies of the executor, in one place.
 
-Twin and TwinGroup: static buffers allocated once, a pinned host side (double-buffered on CUDA)
+Twin and TwinGroup: static buffers allocated once, a pinned host side (HOST_SETS sets on CUDA)
 and a device side, copied non-blocking each step (the sampler's columns, the draft's inputs).
 PackedTwins: a step's inputs (step_buffers.py) packed for its shape into one copy (staged.py:
 arrays made each step, and device results going back, through persistent pinned memory). to_device: an
@@ -18,13 +18,21 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+# Host buffer sets on CUDA, one per step that may be launched and not yet finished: a step writes
+# set (its parity) while the HOST_SETS - 1 steps before it may still be copying out of theirs. So
+# the runner launches up to HOST_SETS steps ahead of the one it finishes (model_runner.py), and
+# the device process keeps as many unanswered (service/step_threads.py). Three, not two: with two,
+# a step's launch waited for the answer of the step two back, and a launch of ~1 ms (a verify
+# step) alternated with the finishing instead of overlapping it (docs/executor.md).
+HOST_SETS = 3
+
 
 class Twin:
     """A host buffer and its device twin (the same tensor on CPU). Host side pinned on CUDA.
 
-    On CUDA the host side is double-buffered: `use_host(i)` selects set i % 2, so the next
-    step can be prepared on the host while the previous step's non-blocking copies out of the
-    other set may still be pending. The device twin stays single (stream order protects it).
+    On CUDA the host side has HOST_SETS sets: `use_host(i)` selects set i % HOST_SETS, so the
+    next step can be prepared on the host while the earlier steps' non-blocking copies out of
+    the other sets may still be pending. The device twin stays single (stream order protects it).
     A twin built by a TwinGroup is a view into the group's buffers instead.
     """
 
@@ -32,7 +40,7 @@ class Twin:
         pin = device.type == "cuda"
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         if views is None:
-            self.hosts = [torch.full(shape, fill, dtype=dtype, pin_memory=pin) for _ in range(2 if pin else 1)]
+            self.hosts = [torch.full(shape, fill, dtype=dtype, pin_memory=pin) for _ in range(HOST_SETS if pin else 1)]
             self.gpu = torch.full(shape, fill, dtype=dtype, device=device) if pin else self.hosts[0]
         else:  # (host views, device view): on CPU the device view is hosts[0] itself
             self.hosts, self.gpu = views
@@ -76,7 +84,7 @@ class TwinGroup:
         for n in nbytes:
             offsets.append(total)
             total += -(-n // self.ALIGN) * self.ALIGN
-        self.hosts = [torch.zeros(total, dtype=torch.uint8, pin_memory=pin) for _ in range(2 if pin else 1)]
+        self.hosts = [torch.zeros(total, dtype=torch.uint8, pin_memory=pin) for _ in range(HOST_SETS if pin else 1)]
         self.gpu = torch.zeros(total, dtype=torch.uint8, device=device) if pin else self.hosts[0]
         self.cpu = self.hosts[0]
         self.twins: list[Twin] = []
@@ -132,7 +140,7 @@ class PackedTwins:
     """The inputs of a step of B requests and T tokens in ONE non-blocking host -> device copy.
 
     Each member has a host array at full capacity; a copy packs the first rows of each (T or B
-    of them, and `extra`) contiguously, 64-byte aligned, into pinned staging (two sets, like a
+    of them, and `extra`) contiguously, 64-byte aligned, into pinned staging (HOST_SETS sets, like a
     Twin's host side: `use_host`), copies the packed bytes, and points every member's `gpu` at
     its rows in the device buffer. The layout depends on (B, T) alone, so a graph captured over
     the layout of its shape reads the same addresses at every replay of that shape; a step
@@ -154,11 +162,11 @@ class PackedTwins:
         if self.packs:
             total = self._offsets(max_reqs, max_tokens)[1]
             pin = device.type == "cuda"
-            self.staging = [torch.empty(total, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
+            self.staging = [torch.empty(total, dtype=torch.uint8, pin_memory=pin) for _ in range(HOST_SETS)]
             self.dev = torch.zeros(total, dtype=torch.uint8, device=device)
 
     def use_host(self, i: int) -> None:
-        self._set = i % 2
+        self._set = i % HOST_SETS
 
     def copy_to_device(self, num_reqs: int, num_tokens: int) -> None:
         """Packs the first rows of every member for a step of num_reqs requests and num_tokens
@@ -185,7 +193,7 @@ class PackedTwins:
 
     def _layout(self, num_reqs: int, num_tokens: int) -> _Layout:
         offsets, total = self._offsets(num_reqs, num_tokens)
-        gpu, staging = [], [[], []]
+        gpu, staging = [], [[] for _ in self.staging]
         for spec, member, (rows, start, n) in zip(self.specs, self.members, offsets):
             shape = member.np[:rows].shape
             gpu.append(self.dev[start:start + n].view(spec.dtype).view(shape))

@@ -23,6 +23,7 @@ from executor_svc.spec_decode.verify import Verifier
 from executor_svc.spec_decode.verify_tail import tail_kind
 from executor_svc.worker.cuda_graphs import GraphRunner, GraphShape
 from executor_svc.worker.deferred_sampling import DeferredSampling
+from executor_svc.worker.host_device import HOST_SETS
 from executor_svc.worker.input_batch import InputBatch
 from executor_svc.worker.plan_apply import Admitted, admit
 from executor_svc.worker.ranks import OneDevice
@@ -43,8 +44,7 @@ class ModelRunner:
 
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[KVCache], batch: InputBatch,
                  buffers: StepBuffers, sampler: Sampler, limits: StepLimits, info: ExecutorInfo,
-                 graphs: GraphRunner | None = None, drafter: DraftProposer | None = None,
-                 ranks=None):
+                 graphs: GraphRunner | None = None, drafter: DraftProposer | None = None, ranks=None):
         self.model, self.kv_caches, self.batch, self.buffers = model, kv_caches, batch, buffers
         self.sampler, self.limits, self._info, self.graphs = sampler, limits, info, graphs
         self.drafter, self.ranks = drafter, ranks if ranks is not None else OneDevice()
@@ -52,7 +52,7 @@ class ModelRunner:
         self.verifier = Verifier(limits.max_num_seqs, limits.max_num_tokens, buffers, sampler, graphs)
         self._graphs_on = graphs is not None
         self._parity = 0  # host buffer set of the next launched step
-        self._handles: list[StepHandle | None] = [None, None]  # last launched step of each parity
+        self._handles: list[StepHandle | None] = [None] * HOST_SETS  # last launched step of each parity
         self._last_timer: StepTimer | None = None  # of the last launched step (its last mark: its completion)
         cuda = self.device.type == "cuda"
         self._stream = torch.cuda.current_stream(self.device) if cuda else None  # every step's
@@ -77,7 +77,7 @@ class ModelRunner:
             for handle in self._handles:
                 if handle is not None:
                     self.finish(handle)
-            self._handles = [None, None]
+            self._handles = [None] * HOST_SETS
             self._last_timer = None
             self._deferred.clear()
             self._steady.forget()
@@ -128,7 +128,7 @@ class ModelRunner:
         if not scheduled:
             return StepHandle(out, finished=True)
         parity = self._parity
-        self._parity ^= 1
+        self._parity = (parity + 1) % HOST_SETS
         prev = self._handles[parity]
         if prev is not None:
             self.finish(prev)  # normally done already: its buffers are free

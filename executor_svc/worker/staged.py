@@ -9,12 +9,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from executor_svc.worker.host_device import to_host
+from executor_svc.worker.host_device import HOST_SETS, to_host
 
 
 class Staged:
     """Arrays made each step (the verify rows' columns) in ONE non-blocking copy: packed, each
-    16-byte aligned, into persistent pinned staging (two sets, by step parity: a set is written
+    16-byte aligned, into persistent pinned staging (HOST_SETS sets, by step parity: a set is written
     again only after the step that used it two launches ago was finished) and copied into one
     persistent device buffer (stream order: the last step's kernels read it before this copy
     lands). Device views in the arrays' shapes are returned; the views of a set of shapes are
@@ -31,7 +31,7 @@ class Staged:
         self._layouts: dict[tuple, _StagedLayout] = {}
         if self.packs:
             pin = device.type == "cuda"
-            self.hosts = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
+            self.hosts = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(HOST_SETS)]
             self.dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
 
     def to_device(self, arrays: list[tuple[np.ndarray, type]], parity: int) -> list[torch.Tensor]:
@@ -48,8 +48,8 @@ class Staged:
             lay = _staged_views(key, [host], dev)
             parity = 0
         else:
-            host, dev = self.hosts[parity % 2], self.dev
-        for (a, _), view in zip(arrays, lay.hosts[parity % 2]):
+            host, dev = self.hosts[parity % HOST_SETS], self.dev
+        for (a, _), view in zip(arrays, lay.hosts[parity % HOST_SETS]):
             view[...] = a
         dev[:lay.nbytes].copy_(host[:lay.nbytes], non_blocking=True)
         return list(lay.views)
@@ -92,19 +92,20 @@ def _staged_views(key: tuple, hosts: list[torch.Tensor], dev: torch.Tensor) -> _
 
 class PinnedOut:
     """Device tensors made each step (a verify step's outcome) copied non-blocking into
-    persistent pinned memory: two sets by step parity (a set is written again only after the
+    persistent pinned memory: HOST_SETS sets by step parity (a set is written again only after the
     step that used it two launches ago was finished and read), each tensor 16-byte aligned; one
     that no longer fits takes fresh pinned memory (to_host). On CPU: plain clones."""
 
     def __init__(self, nbytes: int, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.hosts = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)] if self.cuda else []
+        self.hosts = ([torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(HOST_SETS)]
+                      if self.cuda else [])
 
     def copy(self, tensors: list[torch.Tensor], parity: int) -> list[torch.Tensor]:
         """Their host copies, to be read after the stream has passed this point."""
         if not self.cuda:
             return [t.clone() for t in tensors]
-        host, out, start = self.hosts[parity % 2], [], 0
+        host, out, start = self.hosts[parity % HOST_SETS], [], 0
         for t in tensors:
             n = t.numel() * t.element_size()
             if start + n > host.numel():

@@ -39,7 +39,7 @@ class StepBuffers:
             setattr(self, name, member)
 
     def use_host(self, i: int) -> None:
-        """Selects staging set i % 2 of the copy (CUDA; a no-op on CPU, where the host array is the device's)."""
+        """Selects staging set i % HOST_SETS of the copy (CUDA; a no-op on CPU, where the host array is the device's)."""
         self.packed.use_host(i)
 
     def pad(self, num_reqs: int, num_tokens: int, num_logits: int, reqs_to: int, tokens_to: int) -> None:

@@ -11,6 +11,8 @@ import time
 import pytest
 
 from executor_svc.service import link
+from executor_svc.service.step_threads import DEPTH
+from executor_svc.worker.host_device import HOST_SETS
 from executor_svc.worker.plan_checks import PlanError
 from protos.llmserve.executor.v1 import executor_pb2 as pb
 from step_protocol import codec
@@ -84,14 +86,14 @@ def test_order_overlap_and_errors(ahead):
     assert max(_outstanding(fake.log, fake.bad)) <= 2
 
 
-def test_at_most_two_launched_steps_unanswered():
+def test_at_most_depth_launched_steps_unanswered():
     fake = FakeRunner(gpu_s=0.02)
     with StepDriver(fake) as device:
         for step in range(1, 13):  # a flood: every plan at once
             device.send(plan(step))
         results = [device.result() for _ in range(12)]
     assert [r.step_id for r in results] == list(range(1, 13))
-    assert max(_outstanding(fake.log)) == 2
+    assert max(_outstanding(fake.log)) == DEPTH == HOST_SETS == 3
 
 
 def test_a_reset_waits_for_every_launched_step_then_answers():

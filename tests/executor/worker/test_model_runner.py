@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from executor_svc.worker.host_device import HOST_SETS
 from executor_svc.worker.plan_checks import PlanError
 from step_protocol.domain import CachedRequestData, NewRequestData, SamplerParams, StepPlan
 from tests.executor.conftest import cached_rows, decode_rows, hf_greedy, make_runner
@@ -189,13 +190,16 @@ def test_pipelined_launch_finish_equals_sequential_execute(runner, hf_models):
     assert pipelined[-1].req_ids == []
 
 
-def test_finish_is_idempotent_and_a_third_launch_finishes_the_oldest(runner, hf_models):
+def test_finish_is_idempotent_and_a_launch_past_the_host_sets_finishes_the_oldest(runner, hf_models):
     d = Driver(runner)
-    h1 = runner.launch(StepPlan(1, [NewRequestData(1, PROMPT_B, GREEDY, d.blocks(), 0, len(PROMPT_B))]))
-    h2 = runner.launch(StepPlan(2, [], decode_rows([1])))
-    h3 = runner.launch(StepPlan(3, [], decode_rows([1])))  # reuses h1's buffers
-    assert h1.finished and not h3.finished
-    tokens = [runner.finish(h).token_ids[0] for h in (h1, h2, h3)]
-    again = runner.finish(h3)
-    assert again is h3.out and again.token_ids == [tokens[-1]]  # again: the same output, unchanged
-    assert tokens == hf_greedy(hf_models["tiny-llama"], PROMPT_B, 3)
+    handles = [runner.launch(StepPlan(1, [NewRequestData(1, PROMPT_B, GREEDY, d.blocks(), 0, len(PROMPT_B))]))]
+    for step in range(2, HOST_SETS + 1):  # one launch a host set: none finished yet
+        handles.append(runner.launch(StepPlan(step, [], decode_rows([1]))))
+        assert not handles[0].finished
+    last = runner.launch(StepPlan(HOST_SETS + 1, [], decode_rows([1])))  # reuses the first's buffers
+    handles.append(last)
+    assert handles[0].finished and not last.finished
+    tokens = [runner.finish(h).token_ids[0] for h in handles]
+    again = runner.finish(last)
+    assert again is last.out and again.token_ids == [tokens[-1]]  # again: the same output, unchanged
+    assert tokens == hf_greedy(hf_models["tiny-llama"], PROMPT_B, HOST_SETS + 1)
