@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The executor's host path, this tree against OLD_TREE (an export of the commit to compare with),
 # alternating in one call (lent machines differ: quote ratios): the launch profile of decode steps
-# (benchmarks/launch_profile.py) and a verify step's cost (benchmarks/spec_step_cost.py), llama-1b.
-#   [WHAT=launch|verify] bash benchmarks/ab_host.sh OLD_TREE [ROUNDS]     (both by default)
+# (benchmarks/launch_profile.py) and a verify step's cost (benchmarks/spec_step_cost.py), llama-1b;
+# WHAT=w4: a decode step's device time against the floor (benchmarks/w4_ab.py; W4_SHAPES, W4_BATCHES).
+#   [WHAT=launch|verify|w4] bash benchmarks/ab_host.sh OLD_TREE [ROUNDS]     (launch and verify by default)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 old=$1
@@ -18,10 +19,16 @@ for r in $(seq "$rounds"); do
   for tree in . "$old"; do
     label=$([ "$tree" = . ] && echo new || echo old)
     (cd "$tree" && export PYTHONPATH=$site:$PWD
-      if [ "${WHAT:-both}" != verify ]; then
+      if [ "${WHAT:-both}" = w4 ]; then
+        for shape in ${W4_SHAPES:-llama-1b smollm2-135m-draft}; do  # one process a shape: its own KV budget
+          timeout 300 python3 -m benchmarks.w4_ab --shapes "$shape" --batches "${W4_BATCHES:-1,8,64}" \
+            --label "$label r$r" 2>&1 | grep "^W4 "
+        done
+      fi
+      if [ "${WHAT:-both}" != verify ] && [ "${WHAT:-both}" != w4 ]; then
         timeout 240 python3 -m benchmarks.launch_profile 2>&1 | grep -E "^b=|warm-up: |captured [0-9]+ CUDA" | cut -c1-220 | sed "s/^/LAUNCH $label r$r /"
       fi
-      if [ "${WHAT:-both}" != launch ]; then
+      if [ "${WHAT:-both}" != launch ] && [ "${WHAT:-both}" != w4 ]; then
         timeout 240 python3 -m benchmarks.spec_step_cost --device cuda --model "$llama1b" 2>&1 | grep "^b=" |
           sed "s/^/VERIFY $label r$r /"
       fi)

@@ -56,10 +56,12 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,64,256")
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--json")
+    p.add_argument("--no-pdl", action="store_true",
+                   help="plain launches: a dependent launch starts early and waits, so its span overstates it")
     args = p.parse_args()
     out = {}
     for shape in args.shapes.split(","):
-        runner = runner_for(shape)[0]
+        runner = runner_for(shape, **({"pdl": False} if args.no_pdl else {}))[0]
         out[shape] = []
         for i, b in enumerate(int(x) for x in args.batches.split(",")):
             r = profile_step(runner, b, first_id=1 + 10_000 * i)
@@ -69,6 +71,9 @@ def main() -> None:
             for k in r["kernels"][:args.top]:
                 print(f"  {k['us']:8.1f} us {k['per_step']:5.1f}x {100 * k['share']:5.1f}%  {k['name']}", flush=True)
         del runner
+        import gc
+
+        gc.collect()  # the next shape's KV-cache budget counts what this one still holds
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:

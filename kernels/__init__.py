@@ -11,27 +11,11 @@ import torch
 from kernels import reference
 from kernels.step_ops import TOKEN_ROWS_MAX_DRAFTS, decode_advance, rejection_sample, verify_scan, verify_token_rows
 
-__all__ = [
-    "write_kv",
-    "paged_attention",
-    "paged_decode_attention",
-    "rms_norm",
-    "silu_and_mul",
-    "rotary_embedding",
-    "gumbel_sample",
-    "rotary_write_kv",
-    "skinny_linear",
-    "rms_norm_linear",
-    "silu_mul_linear",
-    "SKINNY_MAX_M",
-    "fp8_linear",
-    "FP8_W8A16_MAX_M",
-    "rms_norm_quant",
-    "silu_and_mul_quant",
-    "verify_scan",
-    "verify_token_rows",
-    "TOKEN_ROWS_MAX_DRAFTS",
-    "rejection_sample",
+__all__ = [  # the public kernels
+    "write_kv", "paged_attention", "paged_decode_attention", "rms_norm", "silu_and_mul", "rotary_embedding",
+    "gumbel_sample", "rotary_write_kv", "skinny_linear", "rms_norm_linear", "rms_norm_qkv_rope",
+    "silu_mul_linear", "SKINNY_MAX_M", "fp8_linear", "FP8_W8A16_MAX_M", "rms_norm_quant",
+    "silu_and_mul_quant", "verify_scan", "verify_token_rows", "TOKEN_ROWS_MAX_DRAFTS", "rejection_sample",
     "decode_advance",
 ]
 
@@ -219,6 +203,20 @@ def rms_norm_linear(
 
         return rms_norm_linear_triton(x, residual, norm_weight, eps, w, bias, pdl=pdl)
     return reference.rms_norm_linear_reference(x, residual, norm_weight, eps, w, bias)
+
+
+def rms_norm_qkv_rope(x, residual, norm_weight, eps, w, bias, positions, cos_sin_cache, k_cache, v_cache,
+                      slot_mapping, num_heads: int, num_kv_heads: int, head_dim: int,
+                      pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm_linear (the qkv projection) then rotary_write_kv (NeoX, no q/k norm, a cache in x's
+    dtype), one launch on CUDA (kernels/skinny_rope.py): (q [M, num_heads, head_dim], new residual)."""
+    args = (x, residual, norm_weight, eps, w, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+            num_heads, num_kv_heads, head_dim)
+    if x.is_cuda:
+        from kernels.skinny_rope import rms_norm_qkv_rope_triton
+
+        return rms_norm_qkv_rope_triton(*args, pdl=pdl)
+    return reference.rms_norm_qkv_rope_reference(*args)
 
 
 def silu_mul_linear(gate_up: torch.Tensor, w: torch.Tensor, pdl: bool = False) -> torch.Tensor:

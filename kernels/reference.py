@@ -155,6 +155,31 @@ def rotary_write_kv_reference(
     return q
 
 
+def rms_norm_qkv_rope_reference(
+    x: torch.Tensor,  # [M, K]
+    residual: torch.Tensor | None,  # [M, K]
+    norm_weight: torch.Tensor,  # [K]
+    eps: float,
+    w: torch.Tensor,  # [(num_heads + 2 * num_kv_heads) * head_dim, K]
+    bias: torch.Tensor | None,  # [(num_heads + 2 * num_kv_heads) * head_dim]
+    positions: torch.Tensor,  # [M] int
+    cos_sin_cache: torch.Tensor,  # [max_position, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [M] int, negative = skip
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The skinny decode layer's attention prologue: rms_norm_linear_reference (input norm + qkv
+    projection, rounded to x's dtype) then rotary_write_kv_reference (NeoX, no q/k norm). Returns
+    (q [M, num_heads, head_dim], new residual); writes k and v into the cache."""
+    qkv, new_residual = rms_norm_linear_reference(x, residual, norm_weight, eps, w, bias)
+    q = rotary_write_kv_reference(positions, qkv, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                                  num_heads, num_kv_heads, head_dim)
+    return q, new_residual
+
+
 # --- Gumbel-max sampling ---------------------------------------------------------------------
 # Noise from a counter-based hash of (seed, position, token index): no torch.Generator, no state,
 # so a step replays identically and can live inside a CUDA graph. The hash works on 32-bit

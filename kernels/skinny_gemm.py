@@ -12,7 +12,8 @@ which removes the separate launches:
   PROLOGUE_SILU: x = gate_up [M, 2K]; a = silu(gate) * up rounded to x's dtype (activation.py).
 M == 1 runs a GEMV (fp32 products, reduced once at the end); 2 <= M <= 16 pad the rows to one
 16-row `tl.dot` tile (the smallest tensor-core M, hence MAX_M = 16). fp32 accumulation, IEEE
-products for fp32. K is a compile-time constant (a model has two): constant trip counts.
+products for fp32. K is a compile-time constant (a model has two): constant trip counts. The
+accumulation (`_skinny_acc`) is shared with the fused qkv + rope kernel (kernels/skinny_rope.py).
 
 Config (kernels/skinny_tune.py): the first call of a (prologue, bias, M bucket, N, K, dtype)
 key times CONFIGS in CUDA graphs with a cold L2 (kernel + split reduce; not
@@ -77,19 +78,17 @@ def _a_finish(a, b, nw, inv_rms, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.conste
 
 
 @triton.jit
-def _skinny_kernel(
-    x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, bias_ptr, y_ptr, part_ptr,
-    M, N, stride_x, stride_r, stride_nr, stride_w, stride_y, eps,
-    K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
-    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    NORM_BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
+def _skinny_acc(
+    x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, offs_n, n_mask, k_begin, store_residual,
+    M, stride_x, stride_r, stride_nr, stride_w, eps,
+    K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    """fp32 acc [BLOCK_M, BLOCK_N] of rows 0..M-1 for the W rows offs_n (any set of columns: the
+    fused rope kernel interleaves them) over the K tiles from k_begin; the PDL wait included.
+    store_residual: this program writes the new residual (PROLOGUE_RMS with a residual)."""
     rows = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    k_begin = pid_k * TILES_PER_SPLIT * BLOCK_K  # this split's run of K tiles (masked past K)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     offs_k0 = k_begin + tl.arange(0, BLOCK_K)
     w0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=w_ptr.dtype.element_ty)
@@ -99,7 +98,7 @@ def _skinny_kernel(
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PROLOGUE == 1:  # sum of squares of the whole row; program (0, 0) stores the new residual
+    if PROLOGUE == 1:  # sum of squares of the whole row; one program stores the new residual
         sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, NORM_BLOCK):
             offs_k = k0 + tl.arange(0, NORM_BLOCK)
@@ -108,8 +107,7 @@ def _skinny_kernel(
             if HAS_RESIDUAL:
                 r = tl.load(r_ptr + rows[:, None] * stride_r + offs_k[None, :], mask=mask, other=0.0)
                 h = (h.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-                tl.store(nr_ptr + rows[:, None] * stride_nr + offs_k[None, :], h,
-                         mask=mask & (pid_n == 0) & (pid_k == 0))
+                tl.store(nr_ptr + rows[:, None] * stride_nr + offs_k[None, :], h, mask=mask & store_residual)
             hf = h.to(tl.float32)
             sum_sq += tl.sum(hf * hf, axis=1)
         inv_rms = tl.rsqrt(sum_sq / K + eps)
@@ -138,6 +136,26 @@ def _skinny_kernel(
             acc = tl.dot(_a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL), tl.trans(w), acc,
                          input_precision="ieee")
             xa, xb, nw = na, nb, nnw
+    return acc
+
+
+@triton.jit
+def _skinny_kernel(
+    x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, bias_ptr, y_ptr, part_ptr,
+    M, N, stride_x, stride_r, stride_nr, stride_w, stride_y, eps,
+    K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
+    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    NORM_BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
+):
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    k_begin = pid_k * TILES_PER_SPLIT * BLOCK_K  # this split's run of K tiles (masked past K)
+    acc = _skinny_acc(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, offs_n, n_mask, k_begin, (pid_n == 0) & (pid_k == 0),
+                      M, stride_x, stride_r, stride_nr, stride_w, eps, K, TILES_PER_SPLIT, PROLOGUE,
+                      HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL)
     out_mask = (rows[:, None] < M) & n_mask[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -167,11 +185,18 @@ def _split_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_y,
     tl.store(y_ptr + row * stride_y + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+def launch_constants(cfg: SkinnyConfig, m: int, k: int) -> dict:
+    """The compile-time shape arguments of `_skinny_acc` for cfg at m rows and depth k."""
+    block_m = 1 if m == 1 else MAX_M
+    return dict(K=k, TILES_PER_SPLIT=triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k), BLOCK_M=block_m,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                NORM_BLOCK=max(cfg.block_k, min(triton.next_power_of_2(k), 8192 // block_m)))
+
+
 def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_residual, w, bias, out, eps,
             pdl: bool = False):
     m, (n, k) = x.shape[0], w.shape
     launch = {"launch_pdl": True} if pdl else {}  # (the interpreter takes no launch_pdl)
-    block_m = 1 if m == 1 else MAX_M
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     part = torch.empty(cfg.split_k, m, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
     r = residual if residual is not None else x
@@ -179,11 +204,9 @@ def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_resi
         x, r, norm_weight if norm_weight is not None else x, new_residual, w,
         bias if bias is not None else w, out, part,
         m, n, x.stride(0), r.stride(0), new_residual.stride(0), w.stride(0), out.stride(0), eps,
-        K=k, TILES_PER_SPLIT=triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k),
         PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        NORM_BLOCK=max(cfg.block_k, min(triton.next_power_of_2(k), 8192 // block_m)), USE_PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,
+        SPLIT_K=cfg.split_k, USE_PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_constants(cfg, m, k), **launch,
     )
     if cfg.split_k > 1:
         _split_reduce_kernel[(triton.cdiv(n, 1024), m)](
@@ -192,11 +215,9 @@ def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_resi
         )
 
 
-def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-            out: torch.Tensor | None, residual: torch.Tensor | None = None,
-            norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-            config: SkinnyConfig | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checks arguments, picks a config, launches; returns (y, new_residual or x)."""
+def check_args(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+               residual: torch.Tensor | None, norm_weight: torch.Tensor | None) -> dict:
+    """Raises ValueError on bad GEMM arguments; returns the tensors given, by name."""
     check_tensor("x", x, 2)
     check_tensor("w", w, 2, (x.dtype,))
     m, (n, k) = x.shape[0], w.shape
@@ -217,6 +238,16 @@ def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor 
         if residual.shape != x.shape:
             raise ValueError(f"residual {tuple(residual.shape)} != x {tuple(x.shape)}")
         tensors["residual"] = residual
+    return tensors
+
+
+def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+            out: torch.Tensor | None, residual: torch.Tensor | None = None,
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+            config: SkinnyConfig | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checks arguments, picks a config, launches; returns (y, new_residual or x)."""
+    tensors = check_args(prologue, x, w, bias, residual, norm_weight)
+    m, (n, k) = x.shape[0], w.shape
     if out is not None:
         check_tensor("out", out, 2, (x.dtype,))
         if tuple(out.shape) != (m, n):

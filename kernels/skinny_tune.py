@@ -43,6 +43,18 @@ def fits(cfg: SkinnyConfig, m: int, k: int) -> bool:
     return dot_ok and (cfg.split_k == 1 or triton.cdiv(k, cfg.block_k) >= 2 * cfg.split_k)
 
 
+def rope_fits(cfg: SkinnyConfig, head_dim: int) -> bool:
+    """Usable by the fused rope kernel (kernels/skinny_rope.py): no split (the epilogue needs the
+    whole sum), and a program's BLOCK_N // 2 rotary pairs dividing one head's D / 2 (powers of two)."""
+    return cfg.split_k == 1 and 2 <= cfg.block_n <= head_dim and cfg.block_n & (cfg.block_n - 1) == 0
+
+
+def rope_default_config(m: int, n: int, k: int, head_dim: int) -> SkinnyConfig:
+    """default_config made valid for the fused rope kernel (no split, at most one head wide)."""
+    cfg = default_config(m, n, k)
+    return cfg._replace(split_k=1, block_n=min(cfg.block_n, head_dim))
+
+
 def _cold_time_us(run, cfg: SkinnyConfig, flush: torch.Tensor, reps: int = 8) -> float:
     """µs of run(cfg), L2 cold as in a decode step: graph of reps x (read flush, run) - reads."""
     def replay_us(with_run: bool) -> float:
@@ -64,14 +76,17 @@ def _cold_time_us(run, cfg: SkinnyConfig, flush: torch.Tensor, reps: int = 8) ->
     return replay_us(True) - replay_us(False)
 
 
-def pick_config(key: tuple, run, on_cuda: bool, m: int, n: int, k: int) -> SkinnyConfig:
-    """The cached config of key; tunes on first use on a GPU outside graph capture."""
+def pick_config(key: tuple, run, on_cuda: bool, m: int, n: int, k: int, keep=None,
+                default: SkinnyConfig | None = None) -> SkinnyConfig:
+    """The cached config of key; tunes on first use on a GPU outside graph capture. keep: a
+    further filter of the candidates (a kernel's own limits), default: the untuned choice then."""
     if key in _tuned:
         return _tuned[key]
     if not on_cuda or torch.cuda.is_current_stream_capturing():
-        return default_config(m, n, k)
+        return default or default_config(m, n, k)
     l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     flush = torch.empty(max(l2_bytes, 32 << 20), dtype=torch.float16, device="cuda")  # 2x the L2
-    timings = {cfg: _cold_time_us(run, cfg, flush) for cfg in CONFIGS if fits(cfg, m, k)}
+    timings = {cfg: _cold_time_us(run, cfg, flush) for cfg in CONFIGS
+               if fits(cfg, m, k) and (keep is None or keep(cfg))}
     _tuned[key] = min(timings, key=timings.get)
     return _tuned[key]

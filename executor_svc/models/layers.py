@@ -17,6 +17,7 @@ from kernels import (  # noqa: F401 - the kernels the model calls (docs/contract
     paged_decode_attention,
     rms_norm,
     rms_norm_linear,
+    rms_norm_qkv_rope,
     rms_norm_quant,
     rotary_embedding,
     rotary_write_kv,

@@ -87,6 +87,13 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
+    def fuses_rope(self, x: torch.Tensor, kv_cache: KVCache) -> bool:
+        """Whether the skinny layer runs input norm + qkv + rope + KV write as one launch
+        (layers.rms_norm_qkv_rope, kernels/skinny_rope.py): NeoX rope (this model's), no q/k norm,
+        a cache in x's dtype (not FP8), head_dim a power of two >= 16. Host facts only."""
+        d = self.head_dim
+        return self.q_norm is None and kv_cache.k.dtype == x.dtype and d >= 16 and d & (d - 1) == 0
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_cache: KVCache, cos_sin_cache: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.o_proj(self.attend(self.qkv_proj(x), positions, attn, kv_cache,
@@ -97,7 +104,6 @@ class Attention(nn.Module):
         """The fused projection qkv [T, q_size + 2 kv_size] -> attention output [T, q_size]
         (before o_proj); writes this step's k and v into the cache. pdl: the decode path's
         kernels as programmatic dependent launches (the skinny decode layer's chain)."""
-        t = qkv.shape[0]
         k_cache, v_cache, k_scale, v_scale = kv_cache
         # One launch: [Qwen3 q/k norm] + rope on q and k + k, v into the paged cache; q comes back
         # as a new contiguous [T, nh, D] tensor.
@@ -108,6 +114,14 @@ class Attention(nn.Module):
             k_norm_weight=self.k_norm.weight if self.k_norm is not None else None,
             eps=self.q_norm.eps if self.q_norm is not None else 1e-6, k_scale=k_scale, v_scale=v_scale, pdl=pdl,
         )
+        return self.attend_rotated(q, attn, kv_cache, pdl)
+
+    def attend_rotated(self, q: torch.Tensor, attn: AttentionMetadata, kv_cache: KVCache,
+                       pdl: bool = False) -> torch.Tensor:
+        """Rotated q [T, nh, D], this step's k and v already in the cache (attend, or the skinny
+        layer's fused layers.rms_norm_qkv_rope) -> attention output [T, q_size]."""
+        t = q.shape[0]
+        k_cache, v_cache, k_scale, v_scale = kv_cache
         if attn.is_decode:
             o = layers.paged_decode_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
                                               self.scale, self.sliding_window, k_scale, v_scale, pdl=pdl)
@@ -158,12 +172,19 @@ class DecoderLayer(nn.Module):
 
     def _forward_skinny(self, x, residual, positions, attn, kv_cache, cos_sin_cache, pdl: bool):
         """The same layer in four skinny GEMM launches (kernels/skinny_gemm.py): each RMSNorm is
-        the prologue of the GEMM after it, silu_and_mul the prologue of down_proj."""
+        the prologue of the GEMM after it, silu_and_mul the prologue of down_proj; rope and the KV
+        write are the qkv GEMM's epilogue where Attention.fuses_rope (kernels/skinny_rope.py)."""
         attn_mod, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        qkv, residual = layers.rms_norm_linear(x, residual, norm1.weight, norm1.eps,
-                                               attn_mod.qkv_proj.weight, attn_mod.qkv_proj.bias, pdl=pdl)
-        o = attn_mod.attend(qkv, positions, attn, kv_cache, cos_sin_cache, pdl)
+        qkv_w, qkv_b = attn_mod.qkv_proj.weight, attn_mod.qkv_proj.bias
+        if attn_mod.fuses_rope(x, kv_cache):
+            q, residual = layers.rms_norm_qkv_rope(
+                x, residual, norm1.weight, norm1.eps, qkv_w, qkv_b, positions, cos_sin_cache, kv_cache.k, kv_cache.v,
+                attn.slot_mapping, attn_mod.num_heads, attn_mod.num_kv_heads, attn_mod.head_dim, pdl=pdl)
+            o = attn_mod.attend_rotated(q, attn, kv_cache, pdl)
+        else:
+            qkv, residual = layers.rms_norm_linear(x, residual, norm1.weight, norm1.eps, qkv_w, qkv_b, pdl=pdl)
+            o = attn_mod.attend(qkv, positions, attn, kv_cache, cos_sin_cache, pdl)
         h = self.tp.all_reduce(layers.skinny_linear(o, attn_mod.o_proj.weight, attn_mod.o_proj.bias, pdl=pdl))
         gate_up, residual = layers.rms_norm_linear(h, residual, norm2.weight, norm2.eps,
                                                    mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, pdl=pdl)

@@ -77,9 +77,17 @@ def test_max_rows_constant_matches_the_kernel():
     assert kernels.SKINNY_MAX_M == MAX_M
 
 
+def _count_fused_rope(monkeypatch, layers) -> list:
+    """Counts the skinny layer's fused norm + qkv + rope launches (layers.rms_norm_qkv_rope)."""
+    calls, fused = [], layers.rms_norm_qkv_rope
+    monkeypatch.setattr(layers, "rms_norm_qkv_rope", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+    return calls
+
+
 def test_model_skinny_path_matches_default_path_on_cpu(tmp_path, monkeypatch):
-    """The fused layer wiring (via the references on CPU, forced on) == the default path; and
-    with the switch on, CPU tensors never take it."""
+    """The fused layer wiring (via the references on CPU, forced on) == the default path, the qkv
+    GEMM + rope + KV write fused for Qwen2 (bias), not for Qwen3 (q/k norm); and with the switch
+    on, CPU tensors never take it."""
     from executor_svc.model_loader.random_model import build_random_model
     from executor_svc.model_loader.safetensors import load_model
     from executor_svc.models import layers
@@ -95,11 +103,13 @@ def test_model_skinny_path_matches_default_path_on_cpu(tmp_path, monkeypatch):
         for forced in (False, True):
             if forced:
                 monkeypatch.setattr(layers, "use_skinny", lambda x, max_tokens: 0 < x.shape[0] <= max_tokens)
+                fused_calls = _count_fused_rope(monkeypatch, layers)
             caches = allocate_kv_caches(model.args, 4, 16, torch.float32, torch.device("cpu"))
             with torch.inference_mode():
                 hidden = model(ids, torch.arange(12), _prefill_meta(12, [2], 16), caches)
                 outs.append((hidden, model.compute_logits(hidden)))
         monkeypatch.undo()
+        assert len(fused_calls) == (model.args.num_layers if arch == "tiny-qwen2" else 0)
         torch.testing.assert_close(outs[1][0], outs[0][0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(outs[1][1], outs[0][1], atol=1e-5, rtol=1e-5)
 
@@ -232,10 +242,13 @@ def test_bad_arguments_raise():
 @pytest.mark.cuda
 @pytest.mark.skipif(not ON_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen2"])
-def test_model_greedy_tokens_equal_with_skinny_on_and_off(tmp_path, arch):
-    """float32 tiny model: eager decode tokens with the skinny path off == on (batches 1, 5, 16),
-    then graphs re-captured with it on replay the same tokens as eager steps."""
+def test_model_greedy_tokens_equal_with_skinny_on_and_off(tmp_path, monkeypatch, arch):
+    """float32 tiny model: eager decode tokens with the skinny path off == on, with the fused
+    norm + qkv + rope + KV write (kernels/skinny_rope.py) and without it (batches 1, 5, 16), then
+    graphs re-captured with it on (fused) replay the same tokens as eager steps."""
     from executor_svc.model_loader.random_model import build_random_model
+    from executor_svc.models import layers
+    from executor_svc.models.llama import Attention
     from tests.executor.cuda_helpers import (
         Driver,
         check_graph_tokens_equal_eager,
@@ -247,18 +260,24 @@ def test_model_greedy_tokens_equal_with_skinny_on_and_off(tmp_path, arch):
                          cuda_graph_sizes=(1, 2, 4, 8, 16), mixed_cuda_graph_sizes=(64, 224, 640),
                          num_kv_blocks=16 * 16 + 1)
     model = runner.model
+    fused_calls, fuses_rope = _count_fused_rope(monkeypatch, layers), Attention.fuses_rope
     runner.use_graphs(False)
     try:
         for num_reqs in (1, 5, 16):
             tokens = {}
-            for max_tokens in (0, kernels.SKINNY_MAX_M):
+            for max_tokens, fuse in ((0, True), (kernels.SKINNY_MAX_M, True), (kernels.SKINNY_MAX_M, False)):
                 model.skinny_max_tokens = max_tokens
+                monkeypatch.setattr(Attention, "fuses_rope", fuses_rope if fuse else lambda self, x, kv_cache: False)
+                calls = len(fused_calls)
                 driver = Driver(runner, num_reqs)
                 driver.decode(6)
-                tokens[max_tokens] = driver.tokens
-            assert tokens[0] == tokens[kernels.SKINNY_MAX_M], num_reqs
+                tokens[max_tokens, fuse] = driver.tokens
+                assert (len(fused_calls) > calls) == (max_tokens > 0 and fuse)
+            skinny = kernels.SKINNY_MAX_M
+            assert tokens[0, True] == tokens[skinny, True] == tokens[skinny, False], num_reqs
     finally:
         runner.use_graphs(True)
-    runner.graphs.capture()  # re-record every size with the skinny path on
+        monkeypatch.setattr(Attention, "fuses_rope", fuses_rope)
+    runner.graphs.capture()  # re-record every size with the skinny path on (fused)
     for num_reqs in (1, 5, 16):
         check_graph_tokens_equal_eager(runner, num_reqs)
