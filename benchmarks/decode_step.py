@@ -41,8 +41,10 @@ def _prefill(runner: ModelRunner, batch: int, context: int, first_id: int, step_
     return step_id
 
 
-def measure(runner: ModelRunner, batch: int, context: int = 512, steps: int = 30) -> dict:
-    """Median wall and device time of a decode step at `batch` rows, graph and eager."""
+def measure(runner: ModelRunner, batch: int, context: int = 512, steps: int = 30,
+            bytes_per_s: float = HBM_BYTES_PER_S) -> dict:
+    """Median wall and device time of a decode step at `batch` rows, graph and eager; the floor at
+    bytes_per_s (the H200's copy bandwidth unless given)."""
     step_id = _prefill(runner, batch, context, 1, 1)
     ids = list(range(1, batch + 1))
     rows = {}
@@ -67,7 +69,7 @@ def measure(runner: ModelRunner, batch: int, context: int = 512, steps: int = 30
     runner.use_graphs(True)
     runner.execute(StepPlan(step_id=step_id, finished_req_ids=ids))
     kv = batch * (context + steps) * kv_bytes_per_token(runner)
-    floor_ms = 1e3 * (weight_bytes(runner) + kv) / HBM_BYTES_PER_S
+    floor_ms = 1e3 * (weight_bytes(runner) + kv) / bytes_per_s
     return dict(batch=batch, context=context, floor_ms=floor_ms, **{
         f"{m}_{k}": v for m, r in rows.items() for k, v in r.items()})
 

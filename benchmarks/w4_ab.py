@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from benchmarks.decode_step import kv_bytes_per_token, measure, weight_bytes
+from benchmarks.decode_step import measure
 
 
 def copy_bandwidth() -> float:
@@ -48,9 +48,8 @@ def main() -> None:
         overrides = dict(cuda_graph_sizes=tuple(batches), mixed_cuda_graph_sizes=())
         runner = runner_for(shape, **overrides, **({"pdl": False} if args.no_pdl else {}))[0]
         for b in batches:
-            r = measure(runner, b)
-            kv = b * (r["context"] + 30) * kv_bytes_per_token(runner)
-            floor = 1e3 * (weight_bytes(runner) + kv) / bandwidth
+            r = measure(runner, b, bytes_per_s=bandwidth)
+            floor = r["floor_ms"]
             print(f"W4 {args.label} {shape} b={b} device {r['graph_device_ms']:.3f} step {r['graph_step_ms']:.3f} "
                   f"floor {floor:.3f} ({r['graph_device_ms'] / floor:.2f}x floor)", flush=True)
         del runner
