@@ -3,7 +3,7 @@
 # alternating in one call (lent machines differ: quote ratios): the launch profile of decode steps
 # (benchmarks/launch_profile.py) and a verify step's cost (benchmarks/spec_step_cost.py), llama-1b;
 # WHAT=w4: a decode step's device time against the floor (benchmarks/w4_ab.py; W4_SHAPES, W4_BATCHES).
-#   [WHAT=launch|verify|w4] bash benchmarks/ab_host.sh OLD_TREE [ROUNDS]     (launch and verify by default)
+#   [WHAT=launch|verify|w4] bash benchmarks/ab_host.sh OLD_TREE[,OLD_TREE2..] [ROUNDS]     (launch and verify by default)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 old=$1
@@ -16,8 +16,8 @@ fi
 # the model folder is built by this tree first (the old tree reuses it)
 llama1b=$(PYTHONPATH=$site:$PWD python3 -c 'from benchmarks.harness import model_path; print(model_path("llama-1b"))' | tail -1)
 for r in $(seq "$rounds"); do
-  for tree in . "$old"; do
-    label=$([ "$tree" = . ] && echo new || echo old)
+  for tree in . ${old//,/ }; do
+    label=$([ "$tree" = . ] && echo new || basename "$tree")
     (cd "$tree" && export PYTHONPATH=$site:$PWD
       if [ "${WHAT:-both}" = w4 ]; then
         for shape in ${W4_SHAPES:-llama-1b smollm2-135m-draft}; do  # one process a shape: its own KV budget

@@ -80,8 +80,11 @@ def _ops(layer: str, m: int, n: int, k: int, dtype: torch.dtype, copies: int):
     return base, skinny, (n * k + act_bytes + m * n) * weights[0].element_size()
 
 
-def chain(model: str, num_layers: int, dtype: torch.dtype, pdl: bool) -> tuple[float, int]:
-    """(µs of one pass of the chain, weight bytes it reads) at one row."""
+def chain(model: str, num_layers: int, dtype: torch.dtype, pdl: bool, l2_prefetch: int = 0) -> tuple[float, int]:
+    """(µs of one pass of the chain, weight bytes it reads) at one row; l2_prefetch: the dependent
+    launches' L2 prefetch budget in bytes (kernels.skinny_gemm.prefetch_tiles; 0 = none)."""
+    from kernels.skinny_gemm import rms_norm_linear_triton, silu_mul_linear_triton, skinny_linear_triton
+
     shapes, dev = MODELS[model], "cuda"
     hidden = shapes["o"][1]
     (nq, _), (ngu, _), (_, inter) = shapes["qkv"], shapes["gate_up"], shapes["down"]
@@ -96,12 +99,13 @@ def chain(model: str, num_layers: int, dtype: torch.dtype, pdl: bool) -> tuple[f
 
     def one_pass():
         h, res = x, residual
+        pf = dict(pdl=pdl, l2_prefetch=l2_prefetch)
         for qkv, o, gate_up, down, norm in layers:
-            y, res = kernels.rms_norm_linear(h, res, norm, EPS, qkv, pdl=pdl)
-            a = kernels.skinny_linear(y[:, :hidden], o, pdl=pdl)
-            gu, res = kernels.rms_norm_linear(a, res, norm, EPS, gate_up, pdl=pdl)
-            h = kernels.silu_mul_linear(gu, down, pdl=pdl)
-        return kernels.skinny_linear(h, head, pdl=pdl)
+            y, res = rms_norm_linear_triton(h, res, norm, EPS, qkv, **pf)
+            a = skinny_linear_triton(y[:, :hidden], o, **pf)
+            gu, res = rms_norm_linear_triton(a, res, norm, EPS, gate_up, **pf)
+            h = silu_mul_linear_triton(gu, down, **pf)
+        return skinny_linear_triton(h, head, **pf)
 
     nbytes = sum(t.numel() * t.element_size() for layer in layers for t in layer[:4]) + head.numel() * head.element_size()
     return _graph_time_us([one_pass]), nbytes
@@ -110,13 +114,21 @@ def chain(model: str, num_layers: int, dtype: torch.dtype, pdl: bool) -> tuple[f
 def main_chain(args, dtype: torch.dtype) -> None:
     print(f"{torch.cuda.get_device_name()}, {args.dtype}; {args.layers} decode layers (4 skinny launches each) + lm_head, "
           "one row, one CUDA graph")
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    variants = [("off", False, 0), ("on ", True, 0)] + [(f"on+prefetch {f}", True, int(l2 * f)) for f in args.prefetch]
     for model in args.models:
         for rep in range(2):  # alternating, twice
-            for pdl in (False, True):
-                us, nbytes = chain(model, args.layers, dtype, pdl)
-                print(f"{model:<13} pdl={'on ' if pdl else 'off'} round {rep}: {us:>8.1f} us a pass, "
+            for name, pdl, prefetch in variants:
+                us, nbytes = chain(model, args.layers, dtype, pdl, prefetch)
+                print(f"{model:<13} pdl={name} round {rep}: {us:>8.1f} us a pass, "
                       f"{us / args.layers:>6.2f} us a layer (head included), {nbytes / us / 1e3:>6.0f} GB/s of weights")
                 torch.cuda.empty_cache()
+
+
+def _config_name(cfg) -> str:
+    """A tuned config, short: n<block_n>k<block_k>w<warps>s<stages>x<split>[dot|cc]."""
+    return (f"n{cfg.block_n}k{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}x{cfg.split_k}"
+            f"{'dot' if cfg.dot else 'cc'}")
 
 
 def main() -> None:
@@ -126,12 +138,16 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--chain", action="store_true", help="the decode layer chain, plain vs pdl")
     parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--prefetch", nargs="*", type=float, default=[0.25, 0.5, 1.0],
+                        help="--chain: also pdl with an L2 prefetch budget of these fractions of the L2")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs CUDA")
     dtype = getattr(torch, args.dtype)
     if args.chain:
         return main_chain(args, dtype)
+    from kernels.skinny_tune import _tuned
+
     print(f"{torch.cuda.get_device_name()}, {args.dtype}; cuBLAS = F.linear (+ separate norm / silu launch)")
     print(f"{'model':<13} {'layer':<8} {'N x K':>13} {'M':>3} {'cuBLAS us':>10} {'GB/s':>6} "
           f"{'skinny us':>10} {'GB/s':>6} {'speed-up':>8}")
@@ -141,11 +157,14 @@ def main() -> None:
             copies = max(2, min(512, -(-L2_SPAN_BYTES // (n * k * torch.finfo(dtype).bits // 8))))
             for m in args.rows:
                 base, skinny, nbytes = _ops(layer, m, n, k, dtype, copies)
+                known = set(_tuned)
                 t_base, t_skinny = _graph_time_us(base), _graph_time_us(skinny)
+                chosen = [cfg for key, cfg in _tuned.items() if key not in known]
                 totals[m][0] += t_base
                 totals[m][1] += t_skinny
                 print(f"{model:<13} {layer:<8} {f'{n}x{k}':>13} {m:>3} {t_base:>10.2f} {nbytes / t_base / 1e3:>6.0f} "
-                      f"{t_skinny:>10.2f} {nbytes / t_skinny / 1e3:>6.0f} {t_base / t_skinny:>7.2f}x")
+                      f"{t_skinny:>10.2f} {nbytes / t_skinny / 1e3:>6.0f} {t_base / t_skinny:>7.2f}x  "
+                      f"{' '.join(_config_name(c) for c in chosen)}")
                 del base, skinny
                 torch.cuda.empty_cache()
         for m, (t_base, t_skinny) in totals.items():

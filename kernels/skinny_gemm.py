@@ -10,9 +10,10 @@ which removes the separate launches:
                  to x's dtype (kernels/norm.py's math). Every program first sums h^2 over the
                  row (K <= 8192: an L2 re-read); program (0, 0) writes h, the new residual.
   PROLOGUE_SILU: x = gate_up [M, 2K]; a = silu(gate) * up rounded to x's dtype (activation.py).
-M == 1 runs a GEMV (fp32 products, reduced once at the end); 2 <= M <= 16 pad the rows to one
-16-row `tl.dot` tile (the smallest tensor-core M, hence MAX_M = 16). fp32 accumulation, IEEE
-products for fp32. K is a compile-time constant (a model has two): constant trip counts. The
+M == 1 runs a GEMV (fp32 products, reduced once at the end); 2 <= M <= 16 either pad the rows to
+one 16-row `tl.dot` tile (the smallest tensor-core M, hence MAX_M = 16) or, with a config's
+dot=False, run the GEMV's loop with a row axis (rows padded to a power of two, fp32 products on
+CUDA cores, reduced once): the tuner times both. fp32 accumulation, IEEE products for fp32. K is a compile-time constant (a model has two): constant trip counts. The
 accumulation (`_skinny_acc`) is shared with the fused qkv + rope kernel (kernels/skinny_rope.py).
 
 Config (kernels/skinny_tune.py): the first call of a (prologue, bias, M bucket, N, K, dtype)
@@ -32,6 +33,7 @@ pdl shares its key's config, so the two give the same bits.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -83,14 +85,24 @@ def _skinny_acc(
     M, stride_x, stride_r, stride_nr, stride_w, eps,
     K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_TILES: tl.constexpr, DOT: tl.constexpr,
 ):
     """fp32 acc [BLOCK_M, BLOCK_N] of rows 0..M-1 for the W rows offs_n (any set of columns: the
     fused rope kernel interleaves them) over the K tiles from k_begin; the PDL wait included.
-    store_residual: this program writes the new residual (PROLOGUE_RMS with a residual)."""
+    store_residual: this program writes the new residual (PROLOGUE_RMS with a residual).
+    PREFETCH_TILES (a power of two, 0 = none): the leading K tiles of this program's W rows are
+    bulk-prefetched into L2 before the wait (sm_90; see `prefetch_tiles`)."""
     rows = tl.arange(0, BLOCK_M)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     offs_k0 = k_begin + tl.arange(0, BLOCK_K)
+    if PREFETCH_TILES > 0:  # one bulk L2 prefetch per (W row, K tile); tiles past K repeat the first
+        k_tile = k_begin + tl.arange(0, PREFETCH_TILES) * BLOCK_K
+        k_tile = tl.where(k_tile < K, k_tile, k_begin)
+        nbytes = (tl.minimum(K - k_tile, BLOCK_K) * w_ptr.dtype.element_ty.primitive_bitwidth // 8)[None, :]
+        safe_rows = tl.where(n_mask, offs_n, 0).to(tl.int64)[:, None] * stride_w
+        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+                                  [w_ptr + safe_rows + k_tile[None, :], nbytes + 0 * safe_rows.to(tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
     w0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=w_ptr.dtype.element_ty)
     if BLOCK_M == 1:  # the GEMV's first W tile: weights, never written by a step, so before the wait
         w0 = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] & (offs_k0[None, :] < K), other=0.0)
@@ -123,6 +135,16 @@ def _skinny_acc(
             a = _a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL)
             acc2 += w.to(tl.float32) * a.to(tl.float32)
         acc = tl.sum(acc2, axis=1)[None, :]
+    elif not DOT:  # the GEMV's loop with a row axis: [BLOCK_M, BLOCK_N, BLOCK_K] fp32 partial sums
+        acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for t in range(TILES_PER_SPLIT):
+            offs_k = k_begin + t * BLOCK_K + tl.arange(0, BLOCK_K)
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+            xa, xb, nw = _a_load(x_ptr, r_ptr, nw_ptr, rows, offs_k, M, K, stride_x, stride_r,
+                                 PROLOGUE, HAS_RESIDUAL)
+            a = _a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL)
+            acc3 += w.to(tl.float32)[None, :, :] * a.to(tl.float32)[:, None, :]
+        acc = tl.sum(acc3, axis=2)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         offs_k = k_begin + tl.arange(0, BLOCK_K)
@@ -146,7 +168,8 @@ def _skinny_kernel(
     K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    NORM_BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
+    NORM_BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False, PREFETCH_TILES: tl.constexpr = 0,
+    DOT: tl.constexpr = True,
 ):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -155,7 +178,7 @@ def _skinny_kernel(
     k_begin = pid_k * TILES_PER_SPLIT * BLOCK_K  # this split's run of K tiles (masked past K)
     acc = _skinny_acc(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, offs_n, n_mask, k_begin, (pid_n == 0) & (pid_k == 0),
                       M, stride_x, stride_r, stride_nr, stride_w, eps, K, TILES_PER_SPLIT, PROLOGUE,
-                      HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL)
+                      HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, PREFETCH_TILES, DOT)
     out_mask = (rows[:, None] < M) & n_mask[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -185,16 +208,45 @@ def _split_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_y,
     tl.store(y_ptr + row * stride_y + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def launch_constants(cfg: SkinnyConfig, m: int, k: int) -> dict:
-    """The compile-time shape arguments of `_skinny_acc` for cfg at m rows and depth k."""
-    block_m = 1 if m == 1 else MAX_M
+def launch_constants(cfg: SkinnyConfig, m: int, k: int, prefetch: int = 0) -> dict:
+    """The compile-time shape arguments of `_skinny_acc` for cfg at m rows and depth k;
+    prefetch: its PREFETCH_TILES (`prefetch_tiles`)."""
+    block_m = MAX_M if m > 1 and cfg.dot else triton.next_power_of_2(m)
     return dict(K=k, TILES_PER_SPLIT=triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k), BLOCK_M=block_m,
                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                NORM_BLOCK=max(cfg.block_k, min(triton.next_power_of_2(k), 8192 // block_m)))
+                NORM_BLOCK=max(cfg.block_k, min(triton.next_power_of_2(k), 8192 // block_m)),
+                PREFETCH_TILES=prefetch, DOT=cfg.dot)
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).L2_cache_size
+
+
+def prefetch_tiles(cfg: SkinnyConfig, w: torch.Tensor, pdl: bool, budget: int | None = None) -> int:
+    """How many leading K tiles of each program's W slice a dependent launch bulk-prefetches into
+    L2 before its wait, so the weight stream starts while the kernel before it still runs.
+
+    The whole grid prefetches at most `budget` bytes (None: half the device's L2; 0: off), rounded
+    down to a power of two of tiles; none without pdl, below compute capability 9.0 (the bulk
+    prefetch is sm_90's), or where a row or its 16-byte alignment would not hold.
+    Prefetching changes no value: the same bits either way."""
+    if not pdl or not w.is_cuda or budget == 0 or torch.cuda.get_device_capability(w.device)[0] < 9:
+        return 0
+    n, k = w.shape
+    elem = w.element_size()
+    if (k * elem) % 16 or (w.stride(0) * elem) % 16 or w.data_ptr() % 16:
+        return 0
+    if budget is None:
+        budget = _l2_bytes(w.device.index if w.device.index is not None else torch.cuda.current_device()) // 2
+    tiles_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k)
+    per_tile = triton.cdiv(n, cfg.block_n) * cfg.block_n * cfg.block_k * elem * cfg.split_k
+    tiles = min(tiles_per_split, budget // per_tile)
+    return 0 if tiles < 1 else 1 << (tiles.bit_length() - 1)
 
 
 def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_residual, w, bias, out, eps,
-            pdl: bool = False):
+            pdl: bool = False, l2_prefetch: int | None = None):
     m, (n, k) = x.shape[0], w.shape
     launch = {"launch_pdl": True} if pdl else {}  # (the interpreter takes no launch_pdl)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
@@ -206,7 +258,7 @@ def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_resi
         m, n, x.stride(0), r.stride(0), new_residual.stride(0), w.stride(0), out.stride(0), eps,
         PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k, USE_PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **launch_constants(cfg, m, k), **launch,
+        **launch_constants(cfg, m, k, prefetch_tiles(cfg, w, pdl, l2_prefetch)), **launch,
     )
     if cfg.split_k > 1:
         _split_reduce_kernel[(triton.cdiv(n, 1024), m)](
@@ -244,8 +296,10 @@ def check_args(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tens
 def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
             out: torch.Tensor | None, residual: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-            config: SkinnyConfig | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checks arguments, picks a config, launches; returns (y, new_residual or x)."""
+            config: SkinnyConfig | None = None, pdl: bool = False,
+            l2_prefetch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checks arguments, picks a config, launches; returns (y, new_residual or x). l2_prefetch:
+    the bytes a dependent launch may prefetch into L2 before its wait (`prefetch_tiles`)."""
     tensors = check_args(prologue, x, w, bias, residual, norm_weight)
     m, (n, k) = x.shape[0], w.shape
     if out is not None:
@@ -258,7 +312,7 @@ def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor 
     new_residual = torch.empty_like(x) if residual is not None else x
 
     def run(cfg: SkinnyConfig) -> None:
-        _launch(cfg, prologue, x, residual, norm_weight, new_residual, w, bias, out, eps, pdl)
+        _launch(cfg, prologue, x, residual, norm_weight, new_residual, w, bias, out, eps, pdl, l2_prefetch)
 
     if config is None:
         key = (prologue, bias is not None, triton.next_power_of_2(m), n, k, x.dtype, x.device)  # pdl or not: one config
@@ -269,20 +323,23 @@ def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor 
 
 def skinny_linear_triton(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                          out: torch.Tensor | None = None, config: SkinnyConfig | None = None,
-                         pdl: bool = False) -> torch.Tensor:
+                         pdl: bool = False, l2_prefetch: int | None = None) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T (+ bias [N]) -> [M, N] in x's dtype (written to `out` if given).
-    pdl: launched as a programmatic dependent launch (Hopper; see the module's docstring)."""
-    return _skinny(PROLOGUE_NONE, x, w, bias, out, config=config, pdl=pdl)[0]
+    pdl: launched as a programmatic dependent launch (Hopper; see the module's docstring);
+    l2_prefetch: its L2 prefetch budget in bytes (None: half the L2; `prefetch_tiles`)."""
+    return _skinny(PROLOGUE_NONE, x, w, bias, out, config=config, pdl=pdl, l2_prefetch=l2_prefetch)[0]
 
 
 def rms_norm_linear_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                            eps: float, w: torch.Tensor, bias: torch.Tensor | None = None,
-                           config: SkinnyConfig | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                           config: SkinnyConfig | None = None, pdl: bool = False,
+                           l2_prefetch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x [+ residual]) * norm_weight) @ w^T (+ bias) -> (y [M, N], new residual [M, K])."""
-    return _skinny(PROLOGUE_RMS, x, w, bias, None, residual, norm_weight, eps, config, pdl)
+    return _skinny(PROLOGUE_RMS, x, w, bias, None, residual, norm_weight, eps, config, pdl, l2_prefetch)
 
 
 def silu_mul_linear_triton(gate_up: torch.Tensor, w: torch.Tensor,
-                           config: SkinnyConfig | None = None, pdl: bool = False) -> torch.Tensor:
+                           config: SkinnyConfig | None = None, pdl: bool = False,
+                           l2_prefetch: int | None = None) -> torch.Tensor:
     """(silu(gate_up[:, :I]) * gate_up[:, I:]) @ w [N, I]^T -> [M, N] in gate_up's dtype."""
-    return _skinny(PROLOGUE_SILU, gate_up, w, None, None, config=config, pdl=pdl)[0]
+    return _skinny(PROLOGUE_SILU, gate_up, w, None, None, config=config, pdl=pdl, l2_prefetch=l2_prefetch)[0]

@@ -17,6 +17,7 @@ class SkinnyConfig(NamedTuple):
     num_warps: int
     num_stages: int
     split_k: int
+    dot: bool = True  # 2+ rows: one tl.dot of 16 padded rows; False: CUDA-core products (M = 1 always is)
 
 
 # Timed on the H200 (bf16, llama-1b / SmolLM2 shapes, cold L2, in graphs): M == 1 (GEMV) wants
@@ -26,7 +27,12 @@ CONFIGS = (
     SkinnyConfig(16, 1024, 8, 2, 1), SkinnyConfig(16, 256, 4, 3, 1), SkinnyConfig(32, 256, 4, 3, 1),
     SkinnyConfig(64, 256, 8, 3, 1), SkinnyConfig(128, 128, 8, 3, 1), SkinnyConfig(64, 128, 4, 4, 1),
     SkinnyConfig(16, 256, 4, 3, 4), SkinnyConfig(32, 128, 4, 4, 4), SkinnyConfig(32, 256, 4, 3, 4),
+    # 2..16 rows on CUDA cores (the GEMV's loop with a row axis): untimed yet
+    SkinnyConfig(4, 256, 2, 3, 1, False), SkinnyConfig(8, 256, 4, 3, 1, False), SkinnyConfig(4, 512, 4, 3, 1, False),
+    SkinnyConfig(8, 512, 8, 3, 1, False), SkinnyConfig(16, 256, 8, 3, 1, False), SkinnyConfig(8, 256, 4, 3, 4, False),
+    SkinnyConfig(4, 128, 4, 3, 1, False),
 )
+GEMV_REGS = 128  # fp32 partial sums a thread may hold in a CUDA-core config of 2+ rows
 _tuned: dict[tuple, SkinnyConfig] = {}
 
 
@@ -38,9 +44,16 @@ def default_config(m: int, n: int, k: int) -> SkinnyConfig:
 
 
 def fits(cfg: SkinnyConfig, m: int, k: int) -> bool:
-    """Worth timing: tl.dot (m > 1) wants 16+ columns, depth <= 512 (spills); 2+ tiles a split."""
-    dot_ok = m == 1 or (cfg.block_n >= 16 and cfg.block_k <= 512)
-    return dot_ok and (cfg.split_k == 1 or triton.cdiv(k, cfg.block_k) >= 2 * cfg.split_k)
+    """Worth timing: tl.dot (m > 1) wants 16+ columns, depth <= 512 (spills); CUDA-core products
+    of 2+ rows at most GEMV_REGS partial sums a thread (one row: the dot flag means nothing, so
+    only dot=True configs); 2+ tiles a split."""
+    if m == 1:
+        shape_ok = cfg.dot
+    elif cfg.dot:
+        shape_ok = cfg.block_n >= 16 and cfg.block_k <= 512
+    else:
+        shape_ok = triton.next_power_of_2(m) * cfg.block_n * cfg.block_k <= GEMV_REGS * 32 * cfg.num_warps
+    return shape_ok and (cfg.split_k == 1 or triton.cdiv(k, cfg.block_k) >= 2 * cfg.split_k)
 
 
 def rope_fits(cfg: SkinnyConfig, head_dim: int) -> bool:

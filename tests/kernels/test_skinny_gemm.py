@@ -124,7 +124,16 @@ def _configs(m, k):
 
     if ON_CUDA:
         return [c for c in CONFIGS if fits(c, m, k)]
-    return [SkinnyConfig(32, 64, 4, 1, 1), SkinnyConfig(16, 64, 4, 1, 3)]
+    cc = [SkinnyConfig(8, 64, 4, 1, 1, False), SkinnyConfig(4, 64, 2, 1, 3, False)] if m > 1 else []
+    return [SkinnyConfig(32, 64, 4, 1, 1), SkinnyConfig(16, 64, 4, 1, 3)] + cc
+
+
+def _sweep_configs(m, n, k):
+    """The untuned default, and for 2+ rows also a CUDA-core (dot=False) config."""
+    from kernels.skinny_gemm import default_config
+
+    cfg = default_config(m, n, k)
+    return [cfg] + ([cfg._replace(block_n=8, dot=False)] if m > 1 else [])
 
 
 @triton_test
@@ -134,15 +143,16 @@ def _configs(m, k):
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_linear(m, n, k, dtype, with_bias, with_residual):
-    from kernels.skinny_gemm import default_config, rms_norm_linear_triton
+    from kernels.skinny_gemm import rms_norm_linear_triton
 
     x, r, nw, w, b = _case(m, n, k, dtype, seed=m)
     r, b = (r if with_residual else None), (b if with_bias else None)
     y_ref, r_ref = ref.rms_norm_linear_reference(x, r, nw, EPS, w, b)
-    y, new_r = rms_norm_linear_triton(x, r, nw, EPS, w, b, default_config(m, n, k))
-    assert y.dtype == dtype and y.shape == (m, n)
-    assert rel_err(y, y_ref) < tolerance(dtype)
-    assert (new_r is x) if r is None else torch.equal(new_r, r_ref)
+    for cfg in _sweep_configs(m, n, k):
+        y, new_r = rms_norm_linear_triton(x, r, nw, EPS, w, b, cfg)
+        assert y.dtype == dtype and y.shape == (m, n)
+        assert rel_err(y, y_ref) < tolerance(dtype), cfg
+        assert (new_r is x) if r is None else torch.equal(new_r, r_ref)
 
 
 @triton_test
@@ -151,12 +161,13 @@ def test_rms_norm_linear(m, n, k, dtype, with_bias, with_residual):
 @pytest.mark.parametrize("m", FAST_ROWS)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_skinny_linear(m, n, k, dtype, with_bias):
-    from kernels.skinny_gemm import default_config, skinny_linear_triton
+    from kernels.skinny_gemm import skinny_linear_triton
 
     x, _, _, w, b = _case(m, n, k, dtype, seed=m)
     b = b if with_bias else None
     y_ref = ref.skinny_linear_reference(x, w, b)
-    assert rel_err(skinny_linear_triton(x, w, b, config=default_config(m, n, k)), y_ref) < tolerance(dtype)
+    for cfg in _sweep_configs(m, n, k):
+        assert rel_err(skinny_linear_triton(x, w, b, config=cfg), y_ref) < tolerance(dtype), cfg
 
 
 @triton_test
@@ -164,12 +175,13 @@ def test_skinny_linear(m, n, k, dtype, with_bias):
 @pytest.mark.parametrize("n,k", FAST_SHAPES)
 @pytest.mark.parametrize("m", FAST_ROWS)
 def test_silu_mul_linear(m, n, k, dtype):
-    from kernels.skinny_gemm import default_config, silu_mul_linear_triton
+    from kernels.skinny_gemm import silu_mul_linear_triton
 
     gate_up = _rand(m, 2 * k, dtype=dtype, seed=m)
     w = _rand(n, k, dtype=dtype, scale=0.05, seed=m + 1)
-    y = silu_mul_linear_triton(gate_up, w, default_config(m, n, k))
-    assert rel_err(y, ref.silu_mul_linear_reference(gate_up, w)) < tolerance(dtype)
+    for cfg in _sweep_configs(m, n, k):
+        y = silu_mul_linear_triton(gate_up, w, cfg)
+        assert rel_err(y, ref.silu_mul_linear_reference(gate_up, w)) < tolerance(dtype), cfg
 
 
 @triton_test

@@ -86,12 +86,14 @@ def test_reference_is_the_unfused_references_and_the_cpu_dispatch(with_residual)
 # --- the Triton kernel ------------------------------------------------------------------------
 
 def _configs(m, d):
-    """The candidates that fit on CUDA; a GEMV-only narrow one, 16 wide and one head wide interpreted."""
+    """The candidates that fit on CUDA; interpreted: a GEMV-only narrow one, 16 wide, one head wide
+    and a CUDA-core one of 2+ rows."""
     from kernels.skinny_tune import CONFIGS, SkinnyConfig, fits, rope_fits
 
     if ON_CUDA:
         return [c for c in CONFIGS if fits(c, m, K) and rope_fits(c, d)]
-    return [SkinnyConfig(bn, 64, 4, 1, 1) for bn in ([8] if m == 1 else []) + [16, d]]
+    cc = [SkinnyConfig(8, 64, 4, 1, 1, False)] if m > 1 else []  # 2+ rows on CUDA cores
+    return [SkinnyConfig(bn, 64, 4, 1, 1) for bn in ([8] if m == 1 else []) + [16, d]] + cc
 
 
 def _run_both(cfg, x, r, nw, w, b, pos, cs, slots, shape, heads):
@@ -216,8 +218,10 @@ def test_pdl_launch_gives_the_plain_bits():
     for m in (1, 3):
         x, r, nw, w, b, pos, cs, slots, shape = _case(m, (32, 8, 64), DTYPE, seed=m)
         runs = []
-        for pdl in (False, True):
+        # plain; pdl with the default L2 prefetch, with none, with every tile prefetched
+        for pdl, prefetch in ((False, None), (True, None), (True, 0), (True, 1 << 40)):
             k, v = _caches(shape, DTYPE)
-            runs.append((*rms_norm_qkv_rope_triton(x, r, nw, EPS, w, b, pos, cs, k, v, slots, 32, 8, 64, pdl=pdl),
-                         k, v))
-        assert all(_same_bits(a, c) for a, c in zip(*runs)), m
+            runs.append((*rms_norm_qkv_rope_triton(x, r, nw, EPS, w, b, pos, cs, k, v, slots, 32, 8, 64, pdl=pdl,
+                                                   l2_prefetch=prefetch), k, v))
+        for run in runs[1:]:
+            assert all(_same_bits(a, c) for a, c in zip(runs[0], run)), m
