@@ -2,6 +2,7 @@
 the floor at this GPU's measured copy bandwidth (lent machines differ: H100 or H200).
 
     python -m benchmarks.w4_ab [--shapes llama-1b,smollm2-135m-draft] [--batches 1,8,64,256] [--no-pdl]
+                               [--skinny-max-tokens N]
 
 Prints one line a (shape, batch): `W4 <shape> b=<b> device <ms> step <ms> floor <ms> (<x> floor)`,
 graph-replayed steps, medians of benchmarks.decode_step.measure. Run it in each tree, alternating.
@@ -38,6 +39,7 @@ def main() -> None:
     p.add_argument("--shapes", default="llama-1b,smollm2-135m-draft")
     p.add_argument("--batches", default="1,8,64,256")
     p.add_argument("--no-pdl", action="store_true")
+    p.add_argument("--skinny-max-tokens", type=int, default=None, help="the executor's flag (default: its own)")
     p.add_argument("--label", default="")
     args = p.parse_args()
     bandwidth = copy_bandwidth()
@@ -46,7 +48,11 @@ def main() -> None:
         batches = [int(x) for x in args.batches.split(",")]
         # only the measured sizes' graphs (a fresh machine compiles less); prefill runs eager
         overrides = dict(cuda_graph_sizes=tuple(batches), mixed_cuda_graph_sizes=())
-        runner = runner_for(shape, **overrides, **({"pdl": False} if args.no_pdl else {}))[0]
+        if args.no_pdl:
+            overrides["pdl"] = False
+        if args.skinny_max_tokens is not None:
+            overrides["skinny_max_tokens"] = args.skinny_max_tokens
+        runner = runner_for(shape, **overrides)[0]
         for b in batches:
             r = measure(runner, b, bytes_per_s=bandwidth)
             floor = r["floor_ms"]
