@@ -95,13 +95,13 @@ def _skinny_acc(
     rows = tl.arange(0, BLOCK_M)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     offs_k0 = k_begin + tl.arange(0, BLOCK_K)
-    if PREFETCH_TILES > 0:  # one bulk L2 prefetch per (W row, K tile); tiles past K repeat the first
-        k_tile = k_begin + tl.arange(0, PREFETCH_TILES) * BLOCK_K
-        k_tile = tl.where(k_tile < K, k_tile, k_begin)
+    if PREFETCH_TILES > 0:  # one bulk L2 prefetch per (W row, K tile); a tile past K (a short
+        k_tile = k_begin + tl.arange(0, PREFETCH_TILES) * BLOCK_K  # last split) repeats the row's first
+        k_tile = tl.where(k_tile < K, k_tile, 0)
         nbytes = (tl.minimum(K - k_tile, BLOCK_K) * w_ptr.dtype.element_ty.primitive_bitwidth // 8)[None, :]
         safe_rows = tl.where(n_mask, offs_n, 0).to(tl.int64)[:, None] * stride_w
         tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                                  [w_ptr + safe_rows + k_tile[None, :], nbytes + 0 * safe_rows.to(tl.int32)],
+                                  [w_ptr + safe_rows + k_tile[None, :], tl.broadcast_to(nbytes, [BLOCK_N, PREFETCH_TILES])],
                                   dtype=tl.int32, is_pure=False, pack=1)
     w0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=w_ptr.dtype.element_ty)
     if BLOCK_M == 1:  # the GEMV's first W tile: weights, never written by a step, so before the wait
