@@ -83,3 +83,30 @@ def check_paged_kv(
     check_power_of_two("head_dim", head_dim, 16)
     check_power_of_two("block_size", block_size, 8)
     return num_heads, num_kv_heads, head_dim, block_size
+
+
+def check_skinny_args(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                      norm_weight: torch.Tensor | None, max_rows: int, gated: bool = False) -> dict:
+    """Raises ValueError on bad skinny GEMM arguments (kernels/skinny_gemm.py; gated: x is
+    gate | up, 2K columns); returns the tensors given, by name."""
+    check_tensor("x", x, 2)
+    check_tensor("w", w, 2, (x.dtype,))
+    m, (n, k) = x.shape[0], w.shape
+    if not 1 <= m <= max_rows:
+        raise ValueError(f"skinny kernels take 1..{max_rows} rows, got {m}")
+    a_cols = 2 * k if gated else k
+    if x.shape[1] != a_cols:
+        raise ValueError(f"x has {x.shape[1]} columns, weight {tuple(w.shape)} needs {a_cols}")
+    tensors = {"x": x, "w": w}
+    for name, t, size in (("bias", bias, n), ("norm_weight", norm_weight, k)):
+        if t is not None:
+            check_tensor(name, t, 1)
+            if t.shape[0] != size:
+                raise ValueError(f"{name} has {t.shape[0]} entries, expected {size}")
+            tensors[name] = t
+    if residual is not None:
+        check_tensor("residual", residual, 2, (x.dtype,))
+        if residual.shape != x.shape:
+            raise ValueError(f"residual {tuple(residual.shape)} != x {tuple(x.shape)}")
+        tensors["residual"] = residual
+    return tensors

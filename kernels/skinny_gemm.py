@@ -10,40 +10,36 @@ which removes the separate launches:
                  to x's dtype (kernels/norm.py's math). Every program first sums h^2 over the
                  row (K <= 8192: an L2 re-read); program (0, 0) writes h, the new residual.
   PROLOGUE_SILU: x = gate_up [M, 2K]; a = silu(gate) * up rounded to x's dtype (activation.py).
-M == 1 runs a GEMV (fp32 products, reduced once at the end); 2 <= M <= 16 either pad the rows to
-one 16-row `tl.dot` tile (the smallest tensor-core M, hence MAX_M = 16) or, with a config's
-dot=False, run the GEMV's loop with a row axis (rows padded to a power of two, fp32 products on
-CUDA cores, reduced once): the tuner times both. fp32 accumulation, IEEE products for fp32. K is a compile-time constant (a model has two): constant trip counts. The
+M == 1 runs a GEMV (fp32 products, reduced once at the end); 2 <= M <= 16 pad the rows to one
+16-row `tl.dot` tile (the smallest tensor-core M, hence MAX_M = 16) or, with a config's
+dot=False, run the GEMV's loop with a row axis (rows padded to a power of two; the tuner times
+both). fp32 accumulation, IEEE products for fp32; K is a constexpr (a model has two). The
 accumulation (`_skinny_acc`) is shared with the fused qkv + rope kernel (kernels/skinny_rope.py).
 
-Config (kernels/skinny_tune.py): the first call of a (prologue, bias, M bucket, N, K, dtype)
-key times CONFIGS in CUDA graphs with a cold L2 (kernel + split reduce; not
-@triton.autotune, which would time the kernel alone and choose too late to size the scratch) and
-caches the fastest. Tuning syncs: it must run at warm-up, before capture (GraphRunner runs each
-size once first); a key first met in a capture, or interpreted, takes `default_config`. Then
-calls never sync and allocate by shape only: CUDA-graph capturable.
+Config (kernels/skinny_tune.py): the first call of a (prologue, bias, M bucket, N, K, dtype) key
+times CONFIGS in CUDA graphs with a cold L2 (kernel + split reduce) and caches the fastest. Tuning
+syncs: it must run at warm-up, before capture; a key first met in a capture, or interpreted,
+takes `default_config`. Then calls never sync and allocate by shape only: graph capturable.
 
-pdl (Hopper): launched as a programmatic dependent launch, the kernel may start while the one
-before it in the stream is still finishing; it waits (`gdc_wait`) before reading anything a
-kernel writes, and lets the next one start once all its programs run (`gdc_launch_dependents`).
-The GEMV's first W tile is loaded before the wait: the weights are never written by a step, so
-the start of the weight stream overlaps the previous kernel's tail. A launch with and without
-pdl shares its key's config, so the two give the same bits.
+pdl (Hopper): as a programmatic dependent launch the kernel may start while the one before it is
+still running; it waits (`gdc_wait`) before reading anything a kernel writes and lets the next
+one start once all its programs run (`gdc_launch_dependents`). Weights are never written by a
+step, so before the wait it bulk-prefetches its leading W tiles into L2 (`prefetch_tiles`) and
+the GEMV loads its first tile. A launch with and without pdl shares its key's config: same bits.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_same_device, check_tensor
-from kernels.skinny_tune import CONFIGS, SkinnyConfig, _cold_time_us, default_config, fits, pick_config  # noqa: F401
+from kernels._checks import check_same_device, check_skinny_args, check_tensor
+from kernels.skinny_tune import (  # noqa: F401
+    CONFIGS, MAX_M, SkinnyConfig, _cold_time_us, default_config, fits, launch_constants, pick_config, prefetch_tiles,
+)
 
-MAX_M = 16
 PROLOGUE_NONE, PROLOGUE_RMS, PROLOGUE_SILU = 0, 1, 2
 
 
@@ -208,43 +204,6 @@ def _split_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_y,
     tl.store(y_ptr + row * stride_y + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def launch_constants(cfg: SkinnyConfig, m: int, k: int, prefetch: int = 0) -> dict:
-    """The compile-time shape arguments of `_skinny_acc` for cfg at m rows and depth k;
-    prefetch: its PREFETCH_TILES (`prefetch_tiles`)."""
-    block_m = MAX_M if m > 1 and cfg.dot else triton.next_power_of_2(m)
-    return dict(K=k, TILES_PER_SPLIT=triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k), BLOCK_M=block_m,
-                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                NORM_BLOCK=max(cfg.block_k, min(triton.next_power_of_2(k), 8192 // block_m)),
-                PREFETCH_TILES=prefetch, DOT=cfg.dot)
-
-
-@functools.lru_cache(maxsize=None)
-def _l2_bytes(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).L2_cache_size
-
-
-def prefetch_tiles(cfg: SkinnyConfig, w: torch.Tensor, pdl: bool, budget: int | None = None) -> int:
-    """How many leading K tiles of each program's W slice a dependent launch bulk-prefetches into
-    L2 before its wait, so the weight stream starts while the kernel before it still runs.
-
-    The whole grid prefetches at most `budget` bytes (None: half the device's L2; 0: off), rounded
-    down to a power of two of tiles; none without pdl, below compute capability 9.0 (the bulk
-    prefetch is sm_90's), or where a row or its 16-byte alignment would not hold.
-    Prefetching changes no value: the same bits either way."""
-    if not pdl or not w.is_cuda or budget == 0 or torch.cuda.get_device_capability(w.device)[0] < 9:
-        return 0
-    n, k = w.shape
-    elem = w.element_size()
-    if (k * elem) % 16 or (w.stride(0) * elem) % 16 or w.data_ptr() % 16:
-        return 0
-    if budget is None:
-        budget = _l2_bytes(w.device.index if w.device.index is not None else torch.cuda.current_device()) // 2
-    tiles_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k)
-    per_tile = triton.cdiv(n, cfg.block_n) * cfg.block_n * cfg.block_k * elem * cfg.split_k
-    tiles = min(tiles_per_split, budget // per_tile)
-    return 0 if tiles < 1 else 1 << (tiles.bit_length() - 1)
-
-
 def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_residual, w, bias, out, eps,
             pdl: bool = False, l2_prefetch: int | None = None):
     m, (n, k) = x.shape[0], w.shape
@@ -267,32 +226,6 @@ def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_resi
         )
 
 
-def check_args(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-               residual: torch.Tensor | None, norm_weight: torch.Tensor | None) -> dict:
-    """Raises ValueError on bad GEMM arguments; returns the tensors given, by name."""
-    check_tensor("x", x, 2)
-    check_tensor("w", w, 2, (x.dtype,))
-    m, (n, k) = x.shape[0], w.shape
-    if not 1 <= m <= MAX_M:
-        raise ValueError(f"skinny kernels take 1..{MAX_M} rows, got {m}")
-    a_cols = 2 * k if prologue == PROLOGUE_SILU else k
-    if x.shape[1] != a_cols:
-        raise ValueError(f"x has {x.shape[1]} columns, weight {tuple(w.shape)} needs {a_cols}")
-    tensors = {"x": x, "w": w}
-    for name, t, size in (("bias", bias, n), ("norm_weight", norm_weight, k)):
-        if t is not None:
-            check_tensor(name, t, 1)
-            if t.shape[0] != size:
-                raise ValueError(f"{name} has {t.shape[0]} entries, expected {size}")
-            tensors[name] = t
-    if residual is not None:
-        check_tensor("residual", residual, 2, (x.dtype,))
-        if residual.shape != x.shape:
-            raise ValueError(f"residual {tuple(residual.shape)} != x {tuple(x.shape)}")
-        tensors["residual"] = residual
-    return tensors
-
-
 def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
             out: torch.Tensor | None, residual: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None, eps: float = 0.0,
@@ -300,7 +233,7 @@ def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor 
             l2_prefetch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Checks arguments, picks a config, launches; returns (y, new_residual or x). l2_prefetch:
     the bytes a dependent launch may prefetch into L2 before its wait (`prefetch_tiles`)."""
-    tensors = check_args(prologue, x, w, bias, residual, norm_weight)
+    tensors = check_skinny_args(x, w, bias, residual, norm_weight, MAX_M, gated=prologue == PROLOGUE_SILU)
     m, (n, k) = x.shape[0], w.shape
     if out is not None:
         check_tensor("out", out, 2, (x.dtype,))

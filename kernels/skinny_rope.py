@@ -35,9 +35,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_power_of_two, check_same_device, check_tensor
-from kernels.skinny_gemm import PROLOGUE_RMS, _skinny_acc, check_args, launch_constants, prefetch_tiles
-from kernels.skinny_tune import SkinnyConfig, pick_config, rope_default_config, rope_fits
+from kernels._checks import check_power_of_two, check_same_device, check_skinny_args, check_tensor
+from kernels.skinny_gemm import PROLOGUE_RMS, _skinny_acc
+from kernels.skinny_tune import (
+    MAX_M, SkinnyConfig, launch_constants, pick_config, prefetch_tiles, rope_default_config, rope_fits,
+)
 
 
 @triton.jit
@@ -148,7 +150,7 @@ def rms_norm_qkv_rope_triton(
     """rms_norm_linear_triton then rotary_write_kv_triton (NeoX, no q/k norm) in one launch:
     returns (q [M, num_heads, head_dim] new and contiguous, new residual [M, K] or x itself);
     writes this step's k and v into the cache."""
-    tensors = check_args(PROLOGUE_RMS, x, w, bias, residual, norm_weight)
+    tensors = check_skinny_args(x, w, bias, residual, norm_weight, MAX_M)
     m, (n, k) = x.shape[0], w.shape
     tensors.update(_check(x, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, n, num_heads,
                           num_kv_heads, head_dim))
