@@ -111,6 +111,33 @@ def chain(model: str, num_layers: int, dtype: torch.dtype, pdl: bool, l2_prefetc
     return _graph_time_us([one_pass]), nbytes
 
 
+def main_head(args, dtype: torch.dtype) -> None:
+    """The step's tail at decode rows: final norm, lm_head, Gumbel-max sampling (half the rows
+    greedy), unfused (kernels.rms_norm, skinny_linear, gumbel_sample: 4 launches) vs one pass
+    (kernels.rms_norm_lm_head_sample: 2 launches), in CUDA graphs over weight copies past the L2."""
+    print(f"{torch.cuda.get_device_name()}, {args.dtype}; final norm + lm_head + sampling, µs a call")
+    for model in args.models:
+        vocab, hidden = MODELS[model]["lm_head"]
+        copies = max(2, -(-L2_SPAN_BYTES // (vocab * hidden * 2)))
+        heads = [torch.randn(vocab, hidden, device="cuda", dtype=dtype) * 0.02 for _ in range(copies)]
+        norm = torch.ones(hidden, device="cuda", dtype=dtype)
+        for m in args.rows:
+            x, res = (torch.randn(m, hidden, device="cuda", dtype=dtype) for _ in range(2))
+            temp = torch.where(torch.arange(m, device="cuda") % 2 == 0, 0.0, 0.8).float()
+            seeds, pos = torch.arange(m, device="cuda") + 7, torch.arange(m, device="cuda") + 100
+            for pdl in (False, True):
+                unfused = [lambda w=w: kernels.gumbel_sample(
+                    kernels.skinny_linear(kernels.rms_norm(x, norm, EPS, res)[0], w, pdl=pdl), temp, seeds, pos)
+                    for w in heads]
+                fused = [lambda w=w: kernels.rms_norm_lm_head_sample(x, res, norm, EPS, w, temp, seeds, pos, pdl=pdl)
+                         for w in heads]
+                t_u, t_f = _graph_time_us(unfused), _graph_time_us(fused)
+                print(f"HEAD {model:<13} M={m:<2} pdl={'on ' if pdl else 'off'} unfused {t_u:8.2f}  one pass {t_f:8.2f}  "
+                      f"({t_u / t_f:.2f}x)")
+        del heads
+        torch.cuda.empty_cache()
+
+
 def main_chain(args, dtype: torch.dtype) -> None:
     print(f"{torch.cuda.get_device_name()}, {args.dtype}; {args.layers} decode layers (4 skinny launches each) + lm_head, "
           "one row, one CUDA graph")
@@ -137,6 +164,7 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--chain", action="store_true", help="the decode layer chain, plain vs pdl")
+    parser.add_argument("--head", action="store_true", help="final norm + lm_head + sampling, unfused vs one pass")
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--prefetch", nargs="*", type=float, default=[0.25, 0.5, 1.0],
                         help="--chain: also pdl with an L2 prefetch budget of these fractions of the L2")
@@ -146,6 +174,8 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     if args.chain:
         return main_chain(args, dtype)
+    if args.head:
+        return main_head(args, dtype)
     from kernels.skinny_tune import _tuned
 
     print(f"{torch.cuda.get_device_name()}, {args.dtype}; cuBLAS = F.linear (+ separate norm / silu launch)")

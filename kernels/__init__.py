@@ -16,7 +16,7 @@ __all__ = [  # the public kernels
     "gumbel_sample", "rotary_write_kv", "skinny_linear", "rms_norm_linear", "rms_norm_qkv_rope",
     "silu_mul_linear", "SKINNY_MAX_M", "fp8_linear", "FP8_W8A16_MAX_M", "rms_norm_quant",
     "silu_and_mul_quant", "verify_scan", "verify_token_rows", "TOKEN_ROWS_MAX_DRAFTS", "rejection_sample",
-    "decode_advance",
+    "decode_advance", "rms_norm_lm_head_sample",
 ]
 
 SKINNY_MAX_M = 16  # the most rows the skinny GEMMs take (kernels/skinny_gemm.py MAX_M)
@@ -278,3 +278,20 @@ def silu_and_mul_quant(x: torch.Tensor, group_size: int | None = None):
     from kernels.fp8_reference import silu_and_mul_quant_reference
 
     return silu_and_mul_quant_reference(x, group_size)
+
+
+def rms_norm_lm_head_sample(x, residual, norm_weight, eps, w, temperature, seeds, positions, allowed=None,
+                            rows=None, last_tokens=None, pdl: bool = False) -> torch.Tensor:
+    """The final norm (with its residual add; norm_weight None: x is normed), the lm_head and
+    gumbel_sample in one pass (CUDA: kernels/skinny_sample.py, 1..SKINNY_MAX_M rows): [M] int64
+    ids; with rows and last_tokens, also last_tokens[rows[i]] = id i."""
+    if x.is_cuda:
+        from kernels.skinny_sample import rms_norm_lm_head_sample_triton
+
+        return rms_norm_lm_head_sample_triton(x, residual, norm_weight, eps, w, temperature, seeds, positions,
+                                              allowed, rows=rows, last_tokens=last_tokens, pdl=pdl)
+    ids = reference.rms_norm_lm_head_sample_reference(x, residual, norm_weight, eps, w, temperature, seeds,
+                                                      positions, allowed)[0]
+    if rows is not None:
+        last_tokens.index_copy_(0, rows, ids)
+    return ids

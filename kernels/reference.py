@@ -239,3 +239,26 @@ def gumbel_sample_reference(
     gumbel = -torch.log(-torch.log(u))
     sampled = (scaled + gumbel).argmax(dim=-1)
     return torch.where(temperature > 0, sampled, greedy)
+
+
+def rms_norm_lm_head_sample_reference(
+    x: torch.Tensor,  # [M, K] the last layer's output (pre-norm)
+    residual: torch.Tensor | None,  # [M, K], added before the norm
+    norm_weight: torch.Tensor | None,  # [K]; None: x is already normed
+    eps: float,
+    w: torch.Tensor,  # [V, K]
+    temperature: torch.Tensor,  # [M] float32; <= 0 = greedy
+    seeds: torch.Tensor,  # [M] int64
+    positions: torch.Tensor,  # [M] int64
+    allowed: torch.Tensor | None = None,  # [M, ceil(V / 32)] int32 token bitmask
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final norm, the lm_head and Gumbel-max sampling, literally the three references in
+    sequence: (ids [M] int64, logits [M, V] in x's dtype)."""
+    if norm_weight is None:
+        h = x
+    elif residual is None:
+        h = rms_norm_reference(x, norm_weight, eps)
+    else:
+        h = rms_norm_reference(x, norm_weight, eps, residual)[0]
+    logits = skinny_linear_reference(h, w)
+    return gumbel_sample_reference(logits, temperature, seeds, positions, allowed), logits

@@ -97,7 +97,8 @@ def _skinny_acc(
         nbytes = (tl.minimum(K - k_tile, BLOCK_K) * w_ptr.dtype.element_ty.primitive_bitwidth // 8)[None, :]
         safe_rows = tl.where(n_mask, offs_n, 0).to(tl.int64)[:, None] * stride_w
         tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                                  [w_ptr + safe_rows + k_tile[None, :], tl.broadcast_to(nbytes, [BLOCK_N, PREFETCH_TILES])],
+                                  [w_ptr + safe_rows + k_tile[None, :],
+                                   tl.broadcast_to(nbytes, [BLOCK_N, PREFETCH_TILES])],
                                   dtype=tl.int32, is_pure=False, pack=1)
     w0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=w_ptr.dtype.element_ty)
     if BLOCK_M == 1:  # the GEMV's first W tile: weights, never written by a step, so before the wait
