@@ -79,8 +79,8 @@ def _rotary_write_kv_kernel(
         if HAS_Q_NORM:
             x1, x2 = _rms_norm_head(x1, x2, q_norm_ptr, i1, i2, eps, HEAD_DIM, dtype)
         dst = q_out_ptr + tok * stride_q_out + head * HEAD_DIM
-        tl.store(dst + i1, (x1 * cos - x2 * sin).to(dtype))
-        tl.store(dst + i2, (x2 * cos + x1 * sin).to(dtype))
+        tl.store(dst + i1, tl.fma(x1, cos, -(x2 * sin)).to(dtype))  # (explicit FMAs: below)
+        tl.store(dst + i2, tl.fma(x1, sin, x2 * cos).to(dtype))
     else:
         slot = tl.load(slot_mapping_ptr + tok).to(tl.int64)
         if slot >= 0:
@@ -90,8 +90,11 @@ def _rotary_write_kv_kernel(
             if HAS_K_NORM:
                 x1, x2 = _rms_norm_head(x1, x2, k_norm_ptr, i1, i2, eps, HEAD_DIM, dtype)
             dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-            k1 = (x1 * cos - x2 * sin).to(dtype)
-            k2 = (x2 * cos + x1 * sin).to(dtype)
+            # x1 cos - x2 sin and x2 cos + x1 sin with explicit FMAs: what LLVM's contraction made of
+            # the plain expressions (Triton 3.6, sm_90 PTX compared), pinned so that the fused rope
+            # epilogue (kernels/skinny_rope.py) rounds as this kernel does whatever the contraction
+            k1 = tl.fma(x1, cos, -(x2 * sin)).to(dtype)
+            k2 = tl.fma(x1, sin, x2 * cos).to(dtype)
             offs_d = tl.arange(0, HEAD_DIM)
             v = tl.load(src + NUM_KV_HEADS * HEAD_DIM + offs_d)  # value head kv_head
             if FP8:

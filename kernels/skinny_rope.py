@@ -75,9 +75,7 @@ def _skinny_rope_kernel(
         cs = cos_sin_ptr + pos[:, None] * stride_cos_sin + j[None, :]
         cos = tl.load(cs, mask=row_ok[:, None], other=0.0).to(tl.float32)
         sin = tl.load(cs + HALF, mask=row_ok[:, None], other=0.0).to(tl.float32)
-        # Explicit FMAs, as LLVM contracts rotary_cache.py's `x1 * cos - x2 * sin` and
-        # `x2 * cos + x1 * sin` (measured, Triton 3.6 on H100): left to the contraction here, the
-        # second one fuses the other product and differs in the last fp32 bit.
+        # the same explicit FMAs as rotary_cache.py (there: why), so both round alike
         out_lo = tl.fma(lo, cos, -(hi * sin)).to(dtype)
         out_hi = tl.fma(lo, sin, hi * cos).to(dtype)
     else:  # v: stored as the GEMM produced it
