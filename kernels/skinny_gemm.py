@@ -260,7 +260,7 @@ def skinny_linear_triton(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | 
                          pdl: bool = False, l2_prefetch: int | None = None) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T (+ bias [N]) -> [M, N] in x's dtype (written to `out` if given).
     pdl: launched as a programmatic dependent launch (Hopper; see the module's docstring);
-    l2_prefetch: its L2 prefetch budget in bytes (None: half the L2; `prefetch_tiles`)."""
+    l2_prefetch: its L2 prefetch budget in bytes (None: the default; `prefetch_tiles`)."""
     return _skinny(PROLOGUE_NONE, x, w, bias, out, config=config, pdl=pdl, l2_prefetch=l2_prefetch)[0]
 
 

@@ -118,6 +118,11 @@ def launch_constants(cfg: SkinnyConfig, m: int, k: int, prefetch: int = 0) -> di
                 PREFETCH_TILES=prefetch, DOT=cfg.dot)
 
 
+# The L2 share a dependent launch prefetches when given no budget (l2_prefetch=None): off until a
+# GPU run measures it (docs/kernels.md, "L2 prefetch before the wait"); benchmarks pass budgets.
+DEFAULT_L2_PREFETCH = 0.0
+
+
 @functools.lru_cache(maxsize=None)
 def _l2_bytes(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).L2_cache_size
@@ -127,18 +132,20 @@ def prefetch_tiles(cfg: SkinnyConfig, w: torch.Tensor, pdl: bool, budget: int | 
     """How many leading K tiles of each program's W slice a dependent launch bulk-prefetches into
     L2 before its wait, so the weight stream starts while the kernel before it still runs.
 
-    The whole grid prefetches at most `budget` bytes (None: half the device's L2; 0: off), rounded
+    The whole grid prefetches at most `budget` bytes (None: DEFAULT_L2_PREFETCH of the L2; 0: off), rounded
     down to a power of two of tiles; none without pdl, below compute capability 9.0 (the bulk
     prefetch is sm_90's), or where a row or its 16-byte alignment would not hold.
     Prefetching changes no value: the same bits either way."""
-    if not pdl or not w.is_cuda or budget == 0 or torch.cuda.get_device_capability(w.device)[0] < 9:
+    if not pdl or not w.is_cuda or budget == 0 or (budget is None and not DEFAULT_L2_PREFETCH) \
+            or torch.cuda.get_device_capability(w.device)[0] < 9:
         return 0
     n, k = w.shape
     elem = w.element_size()
     if (k * elem) % 16 or (w.stride(0) * elem) % 16 or w.data_ptr() % 16:
         return 0
     if budget is None:
-        budget = _l2_bytes(w.device.index if w.device.index is not None else torch.cuda.current_device()) // 2
+        device = w.device.index if w.device.index is not None else torch.cuda.current_device()
+        budget = int(_l2_bytes(device) * DEFAULT_L2_PREFETCH)
     tiles_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k)
     per_tile = triton.cdiv(n, cfg.block_n) * cfg.block_n * cfg.block_k * elem * cfg.split_k
     tiles = min(tiles_per_split, budget // per_tile)
