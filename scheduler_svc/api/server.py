@@ -92,7 +92,7 @@ async def _serve_ready(config: SchedulerConfig, engine: EngineClient, public, me
             from scheduler_svc.api.http.serve import start_http
 
             http = await start_http(config, admission, tokenizer, metrics)
-        freeze_startup_heap(log)
+        freeze_startup_heap(log, full_collect=False)  # (the public port answers meanwhile: llmserve/heap.py)
         log.info("serving llmserve.v1.LLMServe on %s:%d (%s, %s)", config.host, config.port,
                  "TLS" if credentials else "plaintext",
                  "API key required" if config.api_key else "no API key")

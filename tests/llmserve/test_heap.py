@@ -30,3 +30,20 @@ def test_the_startup_heap_is_frozen_and_later_cycles_are_still_collected(caplog)
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
+
+
+def test_a_young_only_freeze_leaves_no_young_garbage_and_freezes_the_rest():
+    from llmserve.heap import freeze_startup_heap
+
+    kept = [_Node() for _ in range(1000)]
+    young = _Node()
+    young.self = young  # cyclic garbage of the young generations: collected, not frozen
+    ref = weakref.ref(young)
+    del young
+    try:
+        freeze_startup_heap(logging.getLogger("test"), full_collect=False)
+        assert ref() is None
+        tracked = {id(o) for o in gc.get_objects()}
+        assert not any(id(k) in tracked for k in kept)
+    finally:
+        gc.unfreeze()
