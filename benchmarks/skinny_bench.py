@@ -80,11 +80,8 @@ def _ops(layer: str, m: int, n: int, k: int, dtype: torch.dtype, copies: int):
     return base, skinny, (n * k + act_bytes + m * n) * weights[0].element_size()
 
 
-def chain(model: str, num_layers: int, dtype: torch.dtype, pdl: bool, l2_prefetch: int = 0) -> tuple[float, int]:
-    """(µs of one pass of the chain, weight bytes it reads) at one row; l2_prefetch: the dependent
-    launches' L2 prefetch budget in bytes (kernels.skinny_gemm.prefetch_tiles; 0 = none)."""
-    from kernels.skinny_gemm import rms_norm_linear_triton, silu_mul_linear_triton, skinny_linear_triton
-
+def chain(model: str, num_layers: int, dtype: torch.dtype, pdl: bool) -> tuple[float, int]:
+    """(µs of one pass of the chain, weight bytes it reads) at one row."""
     shapes, dev = MODELS[model], "cuda"
     hidden = shapes["o"][1]
     (nq, _), (ngu, _), (_, inter) = shapes["qkv"], shapes["gate_up"], shapes["down"]
@@ -99,13 +96,12 @@ def chain(model: str, num_layers: int, dtype: torch.dtype, pdl: bool, l2_prefetc
 
     def one_pass():
         h, res = x, residual
-        pf = dict(pdl=pdl, l2_prefetch=l2_prefetch)
         for qkv, o, gate_up, down, norm in layers:
-            y, res = rms_norm_linear_triton(h, res, norm, EPS, qkv, **pf)
-            a = skinny_linear_triton(y[:, :hidden], o, **pf)
-            gu, res = rms_norm_linear_triton(a, res, norm, EPS, gate_up, **pf)
-            h = silu_mul_linear_triton(gu, down, **pf)
-        return skinny_linear_triton(h, head, **pf)
+            y, res = kernels.rms_norm_linear(h, res, norm, EPS, qkv, pdl=pdl)
+            a = kernels.skinny_linear(y[:, :hidden], o, pdl=pdl)
+            gu, res = kernels.rms_norm_linear(a, res, norm, EPS, gate_up, pdl=pdl)
+            h = kernels.silu_mul_linear(gu, down, pdl=pdl)
+        return kernels.skinny_linear(h, head, pdl=pdl)
 
     nbytes = sum(t.numel() * t.element_size() for layer in layers for t in layer[:4]) + head.numel() * head.element_size()
     return _graph_time_us([one_pass]), nbytes
@@ -141,13 +137,11 @@ def main_head(args, dtype: torch.dtype) -> None:
 def main_chain(args, dtype: torch.dtype) -> None:
     print(f"{torch.cuda.get_device_name()}, {args.dtype}; {args.layers} decode layers (4 skinny launches each) + lm_head, "
           "one row, one CUDA graph")
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    variants = [("off", False, 0), ("on ", True, 0)] + [(f"on+prefetch {f}", True, int(l2 * f)) for f in args.prefetch]
     for model in args.models:
         for rep in range(2):  # alternating, twice
-            for name, pdl, prefetch in variants:
-                us, nbytes = chain(model, args.layers, dtype, pdl, prefetch)
-                print(f"{model:<13} pdl={name} round {rep}: {us:>8.1f} us a pass, "
+            for pdl in (False, True):
+                us, nbytes = chain(model, args.layers, dtype, pdl)
+                print(f"{model:<13} pdl={'on ' if pdl else 'off'} round {rep}: {us:>8.1f} us a pass, "
                       f"{us / args.layers:>6.2f} us a layer (head included), {nbytes / us / 1e3:>6.0f} GB/s of weights")
                 torch.cuda.empty_cache()
 
@@ -166,8 +160,6 @@ def main() -> None:
     parser.add_argument("--chain", action="store_true", help="the decode layer chain, plain vs pdl")
     parser.add_argument("--head", action="store_true", help="final norm + lm_head + sampling, unfused vs one pass")
     parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--prefetch", nargs="*", type=float, default=[0.25, 0.5, 1.0],
-                        help="--chain: also pdl with an L2 prefetch budget of these fractions of the L2")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs CUDA")

@@ -2,7 +2,7 @@
 the floor at this GPU's measured copy bandwidth (lent machines differ: H100 or H200).
 
     python -m benchmarks.w4_ab [--shapes llama-1b,smollm2-135m-draft] [--batches 1,8,64,256] [--no-pdl]
-                               [--skinny-max-tokens N] [--l2-prefetch FRACTION]
+                               [--skinny-max-tokens N]
 
 Prints one line a (shape, batch): `W4 <shape> b=<b> device <ms> step <ms> floor <ms> (<x> floor)`,
 graph-replayed steps, medians of benchmarks.decode_step.measure. Run it in each tree, alternating.
@@ -40,15 +40,8 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,64,256")
     p.add_argument("--no-pdl", action="store_true")
     p.add_argument("--skinny-max-tokens", type=int, default=None, help="the executor's flag (default: its own)")
-    p.add_argument("--l2-prefetch", type=float, default=None,
-                   help="the skinny launches' L2 prefetch, a fraction of the L2 (kernels.skinny_tune.DEFAULT_L2_PREFETCH, "
-                        "set for this process: the A-B of a default not yet taken)")
     p.add_argument("--label", default="")
     args = p.parse_args()
-    if args.l2_prefetch is not None:
-        from kernels import skinny_tune
-
-        skinny_tune.DEFAULT_L2_PREFETCH = args.l2_prefetch
     bandwidth = copy_bandwidth()
     print(f"W4 {args.label} copy bandwidth {bandwidth / 1e12:.2f} TB/s ({torch.cuda.get_device_name()})", flush=True)
     for shape in args.shapes.split(","):

@@ -24,8 +24,8 @@ takes `default_config`. Then calls never sync and allocate by shape only: graph 
 pdl (Hopper): as a programmatic dependent launch the kernel may start while the one before it is
 still running; it waits (`gdc_wait`) before reading anything a kernel writes and lets the next
 one start once all its programs run (`gdc_launch_dependents`). Weights are never written by a
-step, so before the wait it bulk-prefetches its leading W tiles into L2 (`prefetch_tiles`) and
-the GEMV loads its first tile. A launch with and without pdl shares its key's config: same bits.
+step, so the GEMV loads its first W tile before the wait. A launch with and without pdl shares its
+key's config, so the two give the same bits.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import triton.language as tl
 
 from kernels._checks import check_same_device, check_skinny_args, check_tensor
 from kernels.skinny_tune import (  # noqa: F401
-    CONFIGS, MAX_M, SkinnyConfig, _cold_time_us, default_config, fits, launch_constants, pick_config, prefetch_tiles,
+    CONFIGS, MAX_M, SkinnyConfig, _cold_time_us, default_config, fits, launch_constants, pick_config,
 )
 
 PROLOGUE_NONE, PROLOGUE_RMS, PROLOGUE_SILU = 0, 1, 2
@@ -81,25 +81,14 @@ def _skinny_acc(
     M, stride_x, stride_r, stride_nr, stride_w, eps,
     K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH_TILES: tl.constexpr, DOT: tl.constexpr,
+    USE_PDL: tl.constexpr, DOT: tl.constexpr,
 ):
     """fp32 acc [BLOCK_M, BLOCK_N] of rows 0..M-1 for the W rows offs_n (any set of columns: the
     fused rope kernel interleaves them) over the K tiles from k_begin; the PDL wait included.
-    store_residual: this program writes the new residual (PROLOGUE_RMS with a residual).
-    PREFETCH_TILES (a power of two, 0 = none): the leading K tiles of this program's W rows are
-    bulk-prefetched into L2 before the wait (sm_90; see `prefetch_tiles`)."""
+    store_residual: this program writes the new residual (PROLOGUE_RMS with a residual)."""
     rows = tl.arange(0, BLOCK_M)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     offs_k0 = k_begin + tl.arange(0, BLOCK_K)
-    if PREFETCH_TILES > 0:  # one bulk L2 prefetch per (W row, K tile); a tile past K (a short
-        k_tile = k_begin + tl.arange(0, PREFETCH_TILES) * BLOCK_K  # last split) repeats the row's first
-        k_tile = tl.where(k_tile < K, k_tile, 0)
-        nbytes = (tl.minimum(K - k_tile, BLOCK_K) * w_ptr.dtype.element_ty.primitive_bitwidth // 8)[None, :]
-        safe_rows = tl.where(n_mask, offs_n, 0).to(tl.int64)[:, None] * stride_w
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                                  [w_ptr + safe_rows + k_tile[None, :],
-                                   tl.broadcast_to(nbytes, [BLOCK_N, PREFETCH_TILES])],
-                                  dtype=tl.int32, is_pure=False, pack=1)
     w0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=w_ptr.dtype.element_ty)
     if BLOCK_M == 1:  # the GEMV's first W tile: weights, never written by a step, so before the wait
         w0 = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] & (offs_k0[None, :] < K), other=0.0)
@@ -165,8 +154,7 @@ def _skinny_kernel(
     K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr,
     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    NORM_BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False, PREFETCH_TILES: tl.constexpr = 0,
-    DOT: tl.constexpr = True,
+    NORM_BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False, DOT: tl.constexpr = True,
 ):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -175,7 +163,7 @@ def _skinny_kernel(
     k_begin = pid_k * TILES_PER_SPLIT * BLOCK_K  # this split's run of K tiles (masked past K)
     acc = _skinny_acc(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, offs_n, n_mask, k_begin, (pid_n == 0) & (pid_k == 0),
                       M, stride_x, stride_r, stride_nr, stride_w, eps, K, TILES_PER_SPLIT, PROLOGUE,
-                      HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, PREFETCH_TILES, DOT)
+                      HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, DOT)
     out_mask = (rows[:, None] < M) & n_mask[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -206,7 +194,7 @@ def _split_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_y,
 
 
 def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_residual, w, bias, out, eps,
-            pdl: bool = False, l2_prefetch: int | None = None):
+            pdl: bool = False):
     m, (n, k) = x.shape[0], w.shape
     launch = {"launch_pdl": True} if pdl else {}  # (the interpreter takes no launch_pdl)
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
@@ -218,7 +206,7 @@ def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_resi
         m, n, x.stride(0), r.stride(0), new_residual.stride(0), w.stride(0), out.stride(0), eps,
         PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k, USE_PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **launch_constants(cfg, m, k, prefetch_tiles(cfg, w, pdl, l2_prefetch)), **launch,
+        **launch_constants(cfg, m, k), **launch,
     )
     if cfg.split_k > 1:
         _split_reduce_kernel[(triton.cdiv(n, 1024), m)](
@@ -230,10 +218,8 @@ def _launch(cfg: SkinnyConfig, prologue: int, x, residual, norm_weight, new_resi
 def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
             out: torch.Tensor | None, residual: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-            config: SkinnyConfig | None = None, pdl: bool = False,
-            l2_prefetch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checks arguments, picks a config, launches; returns (y, new_residual or x). l2_prefetch:
-    the bytes a dependent launch may prefetch into L2 before its wait (`prefetch_tiles`)."""
+            config: SkinnyConfig | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checks arguments, picks a config, launches; returns (y, new_residual or x)."""
     tensors = check_skinny_args(x, w, bias, residual, norm_weight, MAX_M, gated=prologue == PROLOGUE_SILU)
     m, (n, k) = x.shape[0], w.shape
     if out is not None:
@@ -246,7 +232,7 @@ def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor 
     new_residual = torch.empty_like(x) if residual is not None else x
 
     def run(cfg: SkinnyConfig) -> None:
-        _launch(cfg, prologue, x, residual, norm_weight, new_residual, w, bias, out, eps, pdl, l2_prefetch)
+        _launch(cfg, prologue, x, residual, norm_weight, new_residual, w, bias, out, eps, pdl)
 
     if config is None:
         key = (prologue, bias is not None, triton.next_power_of_2(m), n, k, x.dtype, x.device)  # pdl or not: one config
@@ -257,23 +243,20 @@ def _skinny(prologue: int, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor 
 
 def skinny_linear_triton(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                          out: torch.Tensor | None = None, config: SkinnyConfig | None = None,
-                         pdl: bool = False, l2_prefetch: int | None = None) -> torch.Tensor:
+                         pdl: bool = False) -> torch.Tensor:
     """x [M, K] @ w [N, K]^T (+ bias [N]) -> [M, N] in x's dtype (written to `out` if given).
-    pdl: launched as a programmatic dependent launch (Hopper; see the module's docstring);
-    l2_prefetch: its L2 prefetch budget in bytes (None: the default; `prefetch_tiles`)."""
-    return _skinny(PROLOGUE_NONE, x, w, bias, out, config=config, pdl=pdl, l2_prefetch=l2_prefetch)[0]
+    pdl: launched as a programmatic dependent launch (Hopper; see the module's docstring)."""
+    return _skinny(PROLOGUE_NONE, x, w, bias, out, config=config, pdl=pdl)[0]
 
 
 def rms_norm_linear_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                            eps: float, w: torch.Tensor, bias: torch.Tensor | None = None,
-                           config: SkinnyConfig | None = None, pdl: bool = False,
-                           l2_prefetch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                           config: SkinnyConfig | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x [+ residual]) * norm_weight) @ w^T (+ bias) -> (y [M, N], new residual [M, K])."""
-    return _skinny(PROLOGUE_RMS, x, w, bias, None, residual, norm_weight, eps, config, pdl, l2_prefetch)
+    return _skinny(PROLOGUE_RMS, x, w, bias, None, residual, norm_weight, eps, config, pdl)
 
 
 def silu_mul_linear_triton(gate_up: torch.Tensor, w: torch.Tensor,
-                           config: SkinnyConfig | None = None, pdl: bool = False,
-                           l2_prefetch: int | None = None) -> torch.Tensor:
+                           config: SkinnyConfig | None = None, pdl: bool = False) -> torch.Tensor:
     """(silu(gate_up[:, :I]) * gate_up[:, I:]) @ w [N, I]^T -> [M, N] in gate_up's dtype."""
-    return _skinny(PROLOGUE_SILU, gate_up, w, None, None, config=config, pdl=pdl, l2_prefetch=l2_prefetch)[0]
+    return _skinny(PROLOGUE_SILU, gate_up, w, None, None, config=config, pdl=pdl)[0]

@@ -38,7 +38,7 @@ import triton.language as tl
 from kernels._checks import check_power_of_two, check_same_device, check_skinny_args, check_tensor
 from kernels.skinny_gemm import PROLOGUE_RMS, _skinny_acc
 from kernels.skinny_tune import (
-    MAX_M, SkinnyConfig, launch_constants, pick_config, prefetch_tiles, rope_default_config, rope_fits,
+    MAX_M, SkinnyConfig, launch_constants, pick_config, rope_default_config, rope_fits,
 )
 
 
@@ -50,7 +50,7 @@ def _skinny_rope_kernel(
     K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr = False, PREFETCH_TILES: tl.constexpr = 0, DOT: tl.constexpr = True,
+    USE_PDL: tl.constexpr = False, DOT: tl.constexpr = True,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     HB: tl.constexpr = BLOCK_N // 2
@@ -62,7 +62,7 @@ def _skinny_rope_kernel(
     offs_n = head * HEAD_DIM + (pid % RUNS) * HB + cols // 2 + (cols % 2) * HALF  # lo, hi interleaved
     acc = _skinny_acc(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, offs_n, cols < BLOCK_N, 0, pid == 0,
                       M, stride_x, stride_r, stride_nr, stride_w, eps, K, TILES_PER_SPLIT, 1,
-                      HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, PREFETCH_TILES, DOT)
+                      HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, DOT)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
     dtype = x_ptr.dtype.element_ty
@@ -143,7 +143,6 @@ def rms_norm_qkv_rope_triton(
     head_dim: int,
     config: SkinnyConfig | None = None,  # None: tuned (CUDA) or rope_default_config
     pdl: bool = False,  # a programmatic dependent launch (compute capability 9.0+)
-    l2_prefetch: int | None = None,  # with pdl: the L2 prefetch budget (skinny_gemm.prefetch_tiles)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm_linear_triton then rotary_write_kv_triton (NeoX, no q/k norm) in one launch:
     returns (q [M, num_heads, head_dim] new and contiguous, new residual [M, K] or x itself);
@@ -168,8 +167,7 @@ def rms_norm_qkv_rope_triton(
             q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
             HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, NUM_HEADS=num_heads,
             NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1], USE_PDL=pdl,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **launch_constants(cfg, m, k, prefetch_tiles(cfg, w, pdl, l2_prefetch)),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_constants(cfg, m, k),
             **({"launch_pdl": True} if pdl else {}),  # (the interpreter takes no launch_pdl)
         )
 

@@ -5,8 +5,7 @@ residual add, as the lm_head GEMM's prologue) then `gumbel_sample_triton` over t
 writing the logits (unless asked) or reading them back:
 
   - `_head_sample_kernel`, grid (cdiv(V, BLOCK_N),): a program computes its BLOCK_N vocabulary
-    columns of every row (`_skinny_acc`, the skinny GEMM's loop, PDL wait and L2 prefetch
-    included), rounds them to the model dtype exactly where the unfused lm_head stores logits,
+    columns of every row (`_skinny_acc`, the skinny GEMM's loop and PDL wait included), rounds them to the model dtype exactly where the unfused lm_head stores logits,
     scores them as kernels/sampling.py does (logit / max(T, 1e-5) + Gumbel noise of (seed,
     position, token) on rows with T > 0, the plain logit on greedy rows; -inf where a row's
     token bitmask forbids) and writes its (max, lowest index of the max) per row to scratch;
@@ -28,7 +27,7 @@ import triton.language as tl
 from kernels._checks import check_same_device, check_skinny_args, check_tensor
 from kernels.sampling import _chunk_argmax, _key, _mix32
 from kernels.skinny_gemm import _skinny_acc
-from kernels.skinny_tune import MAX_M, SkinnyConfig, default_config, launch_constants, pick_config, prefetch_tiles
+from kernels.skinny_tune import MAX_M, SkinnyConfig, default_config, launch_constants, pick_config
 
 REDUCE_BLOCK = 1024  # partials a lane group of the reduce walks at a time
 
@@ -40,14 +39,14 @@ def _head_sample_kernel(
     K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     HAS_MASK: tl.constexpr, WRITE_LOGITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr = False, PREFETCH_TILES: tl.constexpr = 0, DOT: tl.constexpr = True,
+    USE_PDL: tl.constexpr = False, DOT: tl.constexpr = True,
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < V
     acc = _skinny_acc(x_ptr, r_ptr, nw_ptr, x_ptr, w_ptr, offs_n, n_mask, 0, pid < 0,  # no residual out
                       M, stride_x, stride_r, 0, stride_w, eps, K, TILES_PER_SPLIT, PROLOGUE, HAS_RESIDUAL,
-                      BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, PREFETCH_TILES, DOT)
+                      BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, DOT)
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     cell_ok = row_ok[:, None] & n_mask[None, :]
@@ -110,7 +109,6 @@ def rms_norm_lm_head_sample_triton(
     last_tokens: torch.Tensor | None = None,  # int64
     config: SkinnyConfig | None = None,
     pdl: bool = False,
-    l2_prefetch: int | None = None,
 ) -> torch.Tensor:
     """[M] int64 token ids: gumbel_sample of the logits of rms_norm_linear(x, residual) @ w^T."""
     tensors = check_skinny_args(x, w, None, residual, norm_weight, MAX_M)
@@ -162,7 +160,7 @@ def rms_norm_lm_head_sample_triton(
             allowed.stride(0) if allowed is not None else 0, logits_out.stride(0) if logits_out is not None else 0,
             eps, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_MASK=allowed is not None,
             WRITE_LOGITS=logits_out is not None, USE_PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **launch_constants(cfg, m, k, prefetch_tiles(cfg, w, pdl, l2_prefetch)), **launch,
+            **launch_constants(cfg, m, k), **launch,
         )
         _partials_argmax_kernel[(m,)](
             best, best_idx, out, rows if rows is not None else out, last_tokens if last_tokens is not None else out,

@@ -4,7 +4,6 @@ reduce) and cached in the process."""
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -108,45 +107,10 @@ def pick_config(key: tuple, run, on_cuda: bool, m: int, n: int, k: int, keep=Non
     return _tuned[key]
 
 
-def launch_constants(cfg: SkinnyConfig, m: int, k: int, prefetch: int = 0) -> dict:
-    """The compile-time shape arguments of `_skinny_acc` for cfg at m rows and depth k;
-    prefetch: its PREFETCH_TILES (`prefetch_tiles`)."""
+def launch_constants(cfg: SkinnyConfig, m: int, k: int) -> dict:
+    """The compile-time shape arguments of `_skinny_acc` for cfg at m rows and depth k."""
     block_m = MAX_M if m > 1 and cfg.dot else triton.next_power_of_2(m)
     return dict(K=k, TILES_PER_SPLIT=triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k), BLOCK_M=block_m,
                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                 NORM_BLOCK=max(cfg.block_k, min(triton.next_power_of_2(k), 8192 // block_m)),
-                PREFETCH_TILES=prefetch, DOT=cfg.dot)
-
-
-# The L2 share a dependent launch prefetches when given no budget (l2_prefetch=None): off until a
-# GPU run measures it (docs/kernels.md, "L2 prefetch before the wait"); benchmarks pass budgets.
-DEFAULT_L2_PREFETCH = 0.0
-
-
-@functools.lru_cache(maxsize=None)
-def _l2_bytes(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).L2_cache_size
-
-
-def prefetch_tiles(cfg: SkinnyConfig, w: torch.Tensor, pdl: bool, budget: int | None = None) -> int:
-    """How many leading K tiles of each program's W slice a dependent launch bulk-prefetches into
-    L2 before its wait, so the weight stream starts while the kernel before it still runs.
-
-    The whole grid prefetches at most `budget` bytes (None: DEFAULT_L2_PREFETCH of the L2; 0: off), rounded
-    down to a power of two of tiles; none without pdl, below compute capability 9.0 (the bulk
-    prefetch is sm_90's), or where a row or its 16-byte alignment would not hold.
-    Prefetching changes no value: the same bits either way."""
-    if not pdl or not w.is_cuda or budget == 0 or (budget is None and not DEFAULT_L2_PREFETCH) \
-            or torch.cuda.get_device_capability(w.device)[0] < 9:
-        return 0
-    n, k = w.shape
-    elem = w.element_size()
-    if (k * elem) % 16 or (w.stride(0) * elem) % 16 or w.data_ptr() % 16:
-        return 0
-    if budget is None:
-        device = w.device.index if w.device.index is not None else torch.cuda.current_device()
-        budget = int(_l2_bytes(device) * DEFAULT_L2_PREFETCH)
-    tiles_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k)
-    per_tile = triton.cdiv(n, cfg.block_n) * cfg.block_n * cfg.block_k * elem * cfg.split_k
-    tiles = min(tiles_per_split, budget // per_tile)
-    return 0 if tiles < 1 else 1 << (tiles.bit_length() - 1)
+                DOT=cfg.dot)

@@ -43,36 +43,13 @@ def test_pdl_launches_give_the_plain_launches_bits(m):
     x, r, w, w_down = _w(m, 576, 1), _w(m, 576, 2), _w(1000, 576, 3), _w(1000, 576, 4)
     norm, gate_up = _w(1, 576, 5)[0].add_(1.0), _w(m, 1152, 6)
     for cfg in (None, SkinnyConfig(32, 128, 4, 4, 4)):  # the tuned one, a split-K one
-        # with pdl: the default L2 prefetch, none, half the L2, and every tile of every program
-        for pdl_args in ({}, {"pdl": True}, {"pdl": True, "l2_prefetch": 0},
-                         {"pdl": True, "l2_prefetch": 25 << 20}, {"pdl": True, "l2_prefetch": 1 << 40}):
+        for pdl_args in ({}, {"pdl": True}):
             got = (skinny_linear_triton(x, w, config=cfg, **pdl_args),
                    *rms_norm_linear_triton(x, r, norm, EPS, w, config=cfg, **pdl_args),
                    silu_mul_linear_triton(gate_up, w_down, config=cfg, **pdl_args))
             if not pdl_args:
                 plain = got
             assert all(torch.equal(a, b) for a, b in zip(plain, got)), (cfg, pdl_args)
-
-
-@pytest.mark.cuda
-@needs_hopper
-def test_l2_prefetch_tiles_rule():
-    from kernels.skinny_tune import DEFAULT_L2_PREFETCH, SkinnyConfig, prefetch_tiles
-
-    cfg = SkinnyConfig(16, 512, 4, 3, 1)
-    w = torch.empty(3072, 2048, dtype=torch.bfloat16, device="cuda")  # 4 tiles of 3 MiB over the grid
-    assert prefetch_tiles(cfg, w, pdl=False) == 0
-    assert prefetch_tiles(cfg, w, pdl=True, budget=0) == 0
-    assert prefetch_tiles(cfg, w, pdl=True, budget=(3 << 20) - 1) == 0  # not one tile
-    assert prefetch_tiles(cfg, w, pdl=True, budget=3 << 20) == 1
-    assert prefetch_tiles(cfg, w, pdl=True, budget=3 * (3 << 20)) == 2  # 3 tiles: a power of two
-    assert prefetch_tiles(cfg, w, pdl=True, budget=1 << 40) == 4  # at most the split's tiles
-    assert prefetch_tiles(cfg._replace(split_k=2), w, pdl=True, budget=1 << 40) == 2
-    default = int(torch.cuda.get_device_properties(0).L2_cache_size * DEFAULT_L2_PREFETCH)
-    assert prefetch_tiles(cfg, w, pdl=True) == prefetch_tiles(cfg, w, pdl=True, budget=default)
-    assert prefetch_tiles(cfg, w.cpu(), pdl=True) == 0
-    odd = torch.empty(64, 1001, dtype=torch.bfloat16, device="cuda")  # rows not 16-byte multiples
-    assert prefetch_tiles(cfg, odd, pdl=True, budget=1 << 40) == 0
 
 
 @pytest.mark.cuda
