@@ -30,7 +30,6 @@ key's config, so the two give the same bits.
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
