@@ -254,11 +254,6 @@ def rms_norm_lm_head_sample_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The final norm, the lm_head and Gumbel-max sampling, literally the three references in
     sequence: (ids [M] int64, logits [M, V] in x's dtype)."""
-    if norm_weight is None:
-        h = x
-    elif residual is None:
-        h = rms_norm_reference(x, norm_weight, eps)
-    else:
-        h = rms_norm_reference(x, norm_weight, eps, residual)[0]
-    logits = skinny_linear_reference(h, w)
+    logits = (skinny_linear_reference(x, w) if norm_weight is None
+              else rms_norm_linear_reference(x, residual, norm_weight, eps, w)[0])
     return gumbel_sample_reference(logits, temperature, seeds, positions, allowed), logits
