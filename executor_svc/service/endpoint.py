@@ -90,6 +90,7 @@ async def _serve(sock: socket.socket) -> None:
 
     from executor_svc.service.servicer import SERVICE, ExecutorEndpoint
     from llmserve.bearer_auth import BearerTokenInterceptor
+    from llmserve.grpc_stop import stop_server
     from protos.reflection import enable_reflection
 
     reader, writer = await asyncio.open_unix_connection(sock=sock)
@@ -122,8 +123,7 @@ async def _serve(sock: socket.socket) -> None:
     if not stopping.done():
         log.warning("the device process has gone (%s): stopping", router.exception() or "end of file")
     await health_servicer.enter_graceful_shutdown()
-    await server.stop(stopping.result() if stopping.done() else 0)  # results still come meanwhile
-    await endpoint.streams_ended(1.0)
+    await stop_server(server, stopping.result() if stopping.done() else 0)  # results still come meanwhile
     router.cancel()
     writer.close()
 

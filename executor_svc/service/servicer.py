@@ -107,14 +107,6 @@ class ExecutorEndpoint:
             del self._streams[epoch]
             self.slot.release(lease)
 
-    async def streams_ended(self, timeout: float) -> None:
-        """Returns once every Execute handler has run its `finally` (server.stop cancels them,
-        but may return before their tasks end: grpc/grpc#37239), or after `timeout` seconds; so
-        that none is still running, to be cancelled again, when the endpoint's loop closes."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self._streams and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.01)
-
     async def _send_plans(self, plans: AsyncIterator[bytes], epoch: int, results: asyncio.Queue) -> None:
         sent = 0
         try:

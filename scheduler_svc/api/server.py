@@ -9,6 +9,7 @@ import sys
 
 from grpc_health.v1 import health_pb2
 
+from llmserve.grpc_stop import stop_server
 from llmserve.heap import freeze_startup_heap
 from llmserve.logs import configure_logging
 from scheduler_svc.api import access_log
@@ -50,10 +51,10 @@ async def serve(config: SchedulerConfig) -> tuple[int, str]:
     try:
         info = await _start_unless_stopped(engine, stop)
     except BaseException:
-        await public.server.stop(None)
+        await stop_server(public.server, None)
         raise
     if info is None:
-        await public.server.stop(None)
+        await stop_server(public.server, None)
         return 0, f"stopped by {signals[0]} during start-up"
     log.info("executor ready: model %s, %d KV blocks of %d tokens, max_model_len %d, graphs %s",
              info.model_name, info.num_blocks, info.block_size, info.max_model_len,
@@ -106,7 +107,7 @@ async def _serve_ready(config: SchedulerConfig, engine: EngineClient, public, me
         await public.health.enter_graceful_shutdown()
         if http is not None:
             await http.stop()
-        await public.server.stop(grace=2.0)
+        await stop_server(public.server, grace=2.0)
         if admission is not None:
             admission.close()
         if pool is not None:
