@@ -16,7 +16,7 @@ __all__ = [  # the public kernels
     "gumbel_sample", "rotary_write_kv", "skinny_linear", "rms_norm_linear", "rms_norm_qkv_rope",
     "silu_mul_linear", "SKINNY_MAX_M", "fp8_linear", "FP8_W8A16_MAX_M", "rms_norm_quant",
     "silu_and_mul_quant", "verify_scan", "verify_token_rows", "TOKEN_ROWS_MAX_DRAFTS", "rejection_sample",
-    "decode_advance", "rms_norm_lm_head_sample",
+    "decode_advance", "rms_norm_lm_head_sample", "linear_invariant",
 ]
 
 SKINNY_MAX_M = 16  # the most rows the skinny GEMMs take (kernels/skinny_gemm.py MAX_M)
@@ -53,18 +53,21 @@ def paged_attention(
     sliding_window: int | None = None,  # host int per layer: keys q - W < k <= q; None / 0 = full
     k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (read value = fp8 * scale)
     v_scale: torch.Tensor | None = None,
+    batch_invariant: bool = False,  # a token's output independent of the step's other tokens
 ) -> torch.Tensor:
-    """Varlen causal attention over the paged cache: prefill, chunked prefill, decode, mixed."""
+    """Varlen causal attention over the paged cache: prefill, chunked prefill, decode, mixed.
+    batch_invariant (--deterministic): each token's output bit for bit the same whatever else
+    the step holds (Triton: one tile shape, key tiles at fixed positions; the reference: one
+    token at a time)."""
     if q.is_cuda:
         from kernels.attention_prefill import paged_attention_triton
 
         return paged_attention_triton(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
-            sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale,
+            sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale, batch_invariant=batch_invariant,
         )
-    return reference.paged_attention_reference(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window, k_scale, v_scale
-    )
+    attend = reference.paged_attention_invariant_reference if batch_invariant else reference.paged_attention_reference
+    return attend(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window, k_scale, v_scale)
 
 
 def paged_decode_attention(
@@ -186,6 +189,22 @@ def skinny_linear(
         return skinny_linear_triton(x, w, bias, out, pdl=pdl)
     y = reference.skinny_linear_reference(x, w, bias)
     return y if out is None else out.copy_(y)
+
+
+def linear_invariant(
+    x: torch.Tensor,  # [..., K]
+    w: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,  # [N]
+    out: torch.Tensor | None = None,  # [M, N] (M = x's rows), any float dtype
+) -> torch.Tensor:
+    """x @ w^T (+ bias), fp32 accumulation, each row's result independent of the other rows
+    (--deterministic; kernels/gemm_invariant.py). CPU: one row at a time."""
+    if x.is_cuda:
+        from kernels.gemm_invariant import linear_invariant_triton
+
+        return linear_invariant_triton(x, w, bias, out)
+    y = reference.linear_invariant_reference(x, w, bias)
+    return y if out is None else out.copy_(y.reshape(out.shape))
 
 
 def rms_norm_linear(

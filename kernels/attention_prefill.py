@@ -69,6 +69,7 @@ def _paged_prefill_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
     FP8: tl.constexpr, F16_DOT: tl.constexpr,  # F16_DOT: FP8 cache, 16-bit q: products in fp16
+    ALIGNED: tl.constexpr,  # batch-invariant: key tiles start at multiples of BLOCK_N, window or not
     SEARCH_STEPS: tl.constexpr,  # >= num_seqs.bit_length(): enough halvings of [0, num_seqs)
 ):
     pid = tl.program_id(0)
@@ -108,8 +109,12 @@ def _paged_prefill_kernel(
     kv_end = tl.minimum(seq_len - q_len + last_tok + 1, seq_len)
     # The first token of this block sees positions >= kv_start; nothing before is loaded.
     kv_start = 0
+    kv_first = 0  # ALIGNED: keys before it are not loaded (zeros), as none of them is visible
     if SLIDING:
         kv_start = tl.maximum(seq_len - q_len + q_block * BLOCK_Q - window + 1, 0)
+        if ALIGNED:  # the same tiles for a token whichever tokens share its block (hidden keys add 0)
+            kv_first = kv_start
+            kv_start = kv_start // BLOCK_N * BLOCK_N
 
     if FP8:  # the K scale, folded into the score scale
         qk_scale = qk_scale * tl.load(k_scale_ptr)
@@ -125,6 +130,8 @@ def _paged_prefill_kernel(
     for n0 in range(kv_start, kv_end, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < kv_end
+        if ALIGNED:
+            n_mask = n_mask & (pos >= kv_first)
         block_ids = tl.load(bt_row + pos // BLOCK_SIZE, mask=n_mask, other=0)
         row_off = block_ids.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kv_head_off
         kv_off = row_off[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
@@ -168,6 +175,7 @@ def paged_attention_triton(
     sliding_window: int | None = None,  # host int; None / 0 = full attention
     k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only (needed there)
     v_scale: torch.Tensor | None = None,
+    batch_invariant: bool = False,  # one tile shape for every step, key tiles at fixed positions
 ) -> torch.Tensor:
     num_heads, num_kv_heads, head_dim, block_size = check_paged_kv(q, k_cache, v_cache, block_tables, seq_lens)
     fp8 = check_kv_scales(k_cache, k_scale, v_scale)
@@ -188,7 +196,7 @@ def paged_attention_triton(
         return out
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    block_m = max(64, group_pad) if max_query_len > 1 else max(16, group_pad)
+    block_m = max(64, group_pad) if max_query_len > 1 or batch_invariant else max(16, group_pad)
     block_q = block_m // group_pad
     grid = (q.shape[0] // block_q + num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
@@ -202,7 +210,7 @@ def paged_attention_triton(
         window, num_seqs,
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=64, SLIDING=window > 0, FP8=fp8,
-        F16_DOT=fp8 and q.dtype != torch.float32,
+        F16_DOT=fp8 and q.dtype != torch.float32, ALIGNED=batch_invariant,
         # at least 9 halvings (up to 511 sequences): one compiled variant for every batch a
         # server runs, not one per bit length compiled while it serves
         SEARCH_STEPS=max(num_seqs.bit_length(), 9),

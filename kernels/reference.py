@@ -22,6 +22,10 @@ from kernels.reference_attention import (  # noqa: F401 - re-exported: the refer
     window_start,
     write_kv_reference,
 )
+from kernels.reference_invariant import (  # noqa: F401 - re-exported likewise
+    linear_invariant_reference,
+    paged_attention_invariant_reference,
+)
 
 
 def rms_norm_reference(
