@@ -75,6 +75,9 @@ class ExecutorConfig:
     # scheduler, or no speculation)
     speculative_model: str = ""
     num_speculative_tokens: int = 0  # the config's k (the scheduler decides each row's count)
+    # batch-invariant kernels (docs/deterministic.md): a request's tokens and logprobs bit for bit
+    # the same whatever shares its steps; turns the skinny path off (skinny_max_tokens 0)
+    deterministic: bool = False
 
     @property
     def use_cuda_graphs(self) -> bool:
@@ -95,6 +98,12 @@ class ExecutorConfig:
         max_num_seqs = ns.max_num_seqs or (256 if on_cuda else 64)
         max_tokens = ns.max_num_batched_tokens or (8192 if on_cuda else 2048)
         sizes = _parse_sizes(ns.cuda_graph_sizes, max_num_seqs)
+        deterministic = ns.deterministic or _batch_invariant_env()
+        if deterministic and ns.tensor_parallel_size > 1:
+            _parser().error("--deterministic takes --tensor-parallel-size 1: the all-reduce's order "
+                            "follows its message size, so a row would depend on its batch")
+        if deterministic and ns.quantization:
+            _parser().error("--deterministic takes no --quantization: the FP8 GEMMs are not batch-invariant")
         mixed = _parse_mixed_sizes(ns.mixed_cuda_graph_sizes, max(max_tokens, max_num_seqs))
         return cls(
             model=ns.model, model_name=ns.model_name, cache_dir=ns.cache_dir, host=ns.host, port=ns.port, device=device,
@@ -102,7 +111,8 @@ class ExecutorConfig:
             max_num_batched_tokens=max(max_tokens, max_num_seqs), max_model_len=ns.max_model_len,
             gpu_memory_utilization=ns.gpu_memory_utilization, num_kv_blocks=ns.num_kv_blocks,
             cpu_kv_cache_gib=ns.cpu_kv_cache_gib, enforce_eager=ns.enforce_eager,
-            cuda_graph_sizes=sizes, mixed_cuda_graph_sizes=mixed, skinny_max_tokens=ns.skinny_max_tokens,
+            cuda_graph_sizes=sizes, mixed_cuda_graph_sizes=mixed,
+            skinny_max_tokens=0 if deterministic else ns.skinny_max_tokens, deterministic=deterministic,
             pdl=ns.pdl,
             max_logprobs=ns.max_logprobs, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
             internal_token=token_or_file(ns.internal_token, ns.internal_token_file),
@@ -110,6 +120,12 @@ class ExecutorConfig:
             tensor_parallel_size=ns.tensor_parallel_size,
             speculative_model=ns.speculative_config[0], num_speculative_tokens=ns.speculative_config[1],
         )
+
+
+def _batch_invariant_env() -> bool:
+    """vLLM's switch for the same mode, VLLM_BATCH_INVARIANT=1, read once here."""
+    value = os.environ.get("VLLM_BATCH_INVARIANT", "").strip().lower()
+    return value in ("1", "true", "yes", "on")
 
 
 def default_cuda_graph_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -238,6 +254,11 @@ def _parser() -> argparse.ArgumentParser:
     switch(p, "insecure-no-auth", "serve without an internal token: any process that reaches the "
            "port can reset the executor and send it plans")
     switch(p, "enable-reflection", "serve gRPC server reflection")
+    p.add_argument("--deterministic", "--enable-deterministic-inference", dest="deterministic",
+                   action="store_true", default=_env("deterministic", False),
+                   help="batch-invariant kernels: a request's output bit for bit the same whatever shares "
+                   "its steps, at a throughput cost (docs/deterministic.md); the skinny path is off. Also "
+                   "LLMSERVE_EXECUTOR_DETERMINISTIC=1 or vLLM's VLLM_BATCH_INVARIANT=1")
     p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=_env("pdl", True),
                    help="launch the kernels of decode steps of at most --skinny-max-tokens rows (the skinny "
                    "GEMMs, rotary + KV write, attention) as programmatic dependent launches (CUDA, compute "

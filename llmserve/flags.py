@@ -36,7 +36,8 @@ EXECUTOR_FLAGS = [("--model", "--model"), ("--served-model-name", "--model-name"
                   ("--gpu-memory-utilization", "--gpu-memory-utilization"),
                   ("--enforce-eager", "--enforce-eager"), ("--dtype", "--dtype"),
                   ("--block-size", "--block-size"), ("--kv-cache-dtype", "--kv-cache-dtype"),
-                  ("--tensor-parallel-size", "--tensor-parallel-size")]
+                  ("--tensor-parallel-size", "--tensor-parallel-size"),
+                  ("--deterministic", "--deterministic")]
 SCHEDULER_FLAGS = [("--ssl-keyfile", "--ssl-keyfile"), ("--ssl-certfile", "--ssl-certfile"),
                    ("--ssl-ca-certs", "--ssl-ca-certs"), ("--enable-prefix-caching", "--enable-prefix-caching"),
                    ("--speculative-config", "--speculative-config"),
@@ -83,6 +84,9 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
         choices=("auto", "fp8", "fp8_e4m3"))
     add(m, "--tensor-parallel-size", 1, "devices the model is split over (the executor starts one "
         "rank per device)", type=int)
+    add(m, "--deterministic", False, "batch-invariant kernels: the same request gives the same tokens and "
+        "logprobs whatever else runs beside it, at a throughput cost (docs/deterministic.md)",
+        action="store_true")
     add(m, "--executor-port", 50061, "executor port (it listens on 127.0.0.1 only)", type=int)
     add(m, "--executor-args", "", "more executor flags, e.g. '--device cpu --cpu-kv-cache-gib 2' "
         "(llmserve-executor --help)")

@@ -202,3 +202,9 @@ def test_disable_log_requests_reaches_the_scheduler(monkeypatch):
     assert scheduler_from_args(["--log-requests"]).disable_log_requests is False
     monkeypatch.setenv("LLMSERVE_SCHEDULER_DISABLE_LOG_REQUESTS", "1")
     assert scheduler_from_args([]).disable_log_requests is True
+
+
+def test_deterministic_reaches_the_executor_only():
+    executor, scheduler = commands(parse_args(["--deterministic"]), http_api=False)
+    assert executor == [*EXECUTOR, "--deterministic"] and scheduler == SCHEDULER
+    assert ExecutorConfig.from_args(executor[3:] + ["--device", "cpu"]).deterministic

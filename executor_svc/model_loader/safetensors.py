@@ -48,21 +48,26 @@ def load_hf_config(path: str | Path):
 
 def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype,
                hf_config=None, quantization: str = "", tp: TensorParallel = SINGLE,
-               skinny_max_tokens: int = 0, pdl: bool = False) -> LlamaForCausalLM:
+               skinny_max_tokens: int = 0, pdl: bool = False, batch_invariant: bool = False) -> LlamaForCausalLM:
     """Builds the model for the folder's config.json (or hf_config, already loaded) and loads
     its safetensors weights. quantization: --quantization ("" or "fp8"); an FP8 checkpoint is
     FP8 either way. tp: this rank's share only (parallel/shard.py). skinny_max_tokens: the
     skinny-GEMM decode path's bound (models/llama.py; CUDA), off for FP8 projections (the
     skinny kernels read dense weights). model.kv_scales: the checkpoint's per-layer
-    (k_scale, v_scale) floats, or None (kv_scales.py)."""
+    (k_scale, v_scale) floats, or None (kv_scales.py). batch_invariant: --deterministic's kernels
+    (models/llama.py; dense weights only)."""
     path = Path(path)
     cfg = hf_config if hf_config is not None else load_hf_config(path)
     args = ModelArgs.from_hf_config(cfg)
     scheme = schemes.weight_scheme(cfg, quantization)
+    if scheme is not None and batch_invariant:
+        raise ModelError("--deterministic serves unquantized weights only: this checkpoint's FP8 GEMMs "
+                         "are not batch-invariant")
     if scheme is not None and scheme.strategy == "block":
         shard_fp8.check_blocks(args, tp, scheme.block)
     with torch.device("meta"):
-        model = LlamaForCausalLM(args, tp, 0 if scheme is not None else skinny_max_tokens, pdl).to(dtype)
+        model = LlamaForCausalLM(args, tp, 0 if scheme is not None else skinny_max_tokens, pdl,
+                                 batch_invariant).to(dtype)
         if scheme is not None:  # after .to(dtype), which would cast the fp8 weights
             fp8.replace_linears(model, scheme, dtype, shard.fused_bounds(args, tp))
     model = model.to_empty(device=device)

@@ -13,6 +13,7 @@ from torch import nn
 
 from kernels import (  # noqa: F401 - the kernels the model calls (docs/contracts.md)
     SKINNY_MAX_M,
+    linear_invariant,
     paged_attention,
     paged_decode_attention,
     rms_norm,
@@ -49,6 +50,15 @@ def silu_and_mul_for(linear: nn.Module, gate_up: torch.Tensor):
     """silu_and_mul(gate_up), quantized in the same kernel when `linear` takes FP8 activations."""
     group = fp8_input_group(linear, gate_up)
     return silu_and_mul(gate_up) if group is None else silu_and_mul_quant(gate_up, group)
+
+
+class InvariantLinear(nn.Linear):
+    """nn.Linear (same parameters, same loading) whose output rows are each computed alone
+    in effect: kernels.linear_invariant, one tile configuration for every row count
+    (--deterministic, docs/deterministic.md)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear_invariant(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):

@@ -72,18 +72,22 @@ class ModelArgs:
 
 
 class Attention(nn.Module):
-    """args: this rank's shape (TensorParallel.rank_args): its query and KV heads."""
+    """args: this rank's shape (TensorParallel.rank_args): its query and KV heads.
+    batch_invariant (--deterministic): the invariant GEMMs, and every step's attention through
+    paged_attention's invariant form, decode steps included (docs/deterministic.md)."""
 
-    def __init__(self, args: ModelArgs, sliding_window: int = 0, tp: TensorParallel = SINGLE):
+    def __init__(self, args: ModelArgs, sliding_window: int = 0, tp: TensorParallel = SINGLE,
+                 batch_invariant: bool = False):
         super().__init__()
-        self.tp = tp
+        self.tp, self.batch_invariant = tp, batch_invariant
+        linear = layers.InvariantLinear if batch_invariant else nn.Linear
         self.sliding_window = sliding_window or None  # keys q - W < k <= q; None = full
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         self.q_size = args.num_heads * args.head_dim
         self.kv_size = args.num_kv_heads * args.head_dim
         self.scale = args.head_dim ** -0.5
-        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=False)
+        self.qkv_proj = linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.qkv_bias)
+        self.o_proj = linear(self.q_size, args.hidden_size, bias=False)
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
@@ -122,22 +126,24 @@ class Attention(nn.Module):
         layer's fused layers.rms_norm_qkv_rope) -> attention output [T, q_size]."""
         t = q.shape[0]
         k_cache, v_cache, k_scale, v_scale = kv_cache
-        if attn.is_decode:
+        if attn.is_decode and not self.batch_invariant:
             o = layers.paged_decode_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
                                               self.scale, self.sliding_window, k_scale, v_scale, pdl=pdl)
         else:
             o = layers.paged_attention(q, k_cache, v_cache, attn.block_tables, attn.seq_lens,
                                        attn.query_start_loc, self.scale, attn.max_query_len,
-                                       attn.max_seq_len, self.sliding_window, k_scale, v_scale)
+                                       attn.max_seq_len, self.sliding_window, k_scale, v_scale,
+                                       batch_invariant=self.batch_invariant)
         return o.reshape(t, self.q_size)
 
 
 class MLP(nn.Module):
-    def __init__(self, args: ModelArgs, tp: TensorParallel = SINGLE):
+    def __init__(self, args: ModelArgs, tp: TensorParallel = SINGLE, batch_invariant: bool = False):
         super().__init__()
         self.tp = tp
-        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+        linear = layers.InvariantLinear if batch_invariant else nn.Linear
+        self.gate_up_proj = linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
+        self.down_proj = linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x) -> torch.Tensor:
         """x [T, H], or the FP8 activations an FP8 gate_up_proj takes (layers.fp8_input_group)."""
@@ -145,13 +151,14 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, sliding_window: int = 0, tp: TensorParallel = SINGLE):
+    def __init__(self, args: ModelArgs, sliding_window: int = 0, tp: TensorParallel = SINGLE,
+                 batch_invariant: bool = False):
         super().__init__()
         self.tp = tp
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args, sliding_window, tp)
+        self.self_attn = Attention(args, sliding_window, tp, batch_invariant)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args, tp)
+        self.mlp = MLP(args, tp, batch_invariant)
 
     def forward(self, x, residual, positions, attn, kv_cache, cos_sin_cache, skinny: bool = False,
                 pdl: bool = False):
@@ -208,18 +215,23 @@ class LlamaForCausalLM(nn.Module):
     kv_scales: list[tuple[float, float]] | None = None
 
     def __init__(self, args: ModelArgs, tp: TensorParallel = SINGLE, skinny_max_tokens: int = 0,
-                 pdl: bool = False):
+                 pdl: bool = False, batch_invariant: bool = False):
         super().__init__()
+        if batch_invariant and (skinny_max_tokens or tp.size > 1):
+            raise ValueError("batch_invariant takes skinny_max_tokens 0 and one rank")
         self.args, self.tp, self.skinny_max_tokens, self.pdl = args, tp, skinny_max_tokens, pdl
+        self.batch_invariant = batch_invariant
         self.cache_args = rank_args = tp.rank_args(args)
         if tp.size > 1:
             self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, tp)
         else:
             self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         windows = args.layer_windows or (0,) * args.num_layers
-        self.layers = nn.ModuleList(DecoderLayer(rank_args, windows[i], tp) for i in range(args.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(rank_args, windows[i], tp, batch_invariant)
+                                    for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.lm_head = nn.Linear(args.hidden_size, self.embed_tokens.num_embeddings, bias=False)
+        linear = layers.InvariantLinear if batch_invariant else nn.Linear
+        self.lm_head = linear(args.hidden_size, self.embed_tokens.num_embeddings, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         cache = layers.rope_cos_sin_cache(args.head_dim, args.rope_max_positions or args.max_position_embeddings,
@@ -249,5 +261,7 @@ class LlamaForCausalLM(nn.Module):
             logits = layers.skinny_linear(hidden, self.lm_head.weight, out=out, pdl=self.pdl)
             return logits if out is not None else logits.float()
         if out is not None:
+            if self.batch_invariant:
+                return layers.linear_invariant(hidden, self.lm_head.weight, out=out)
             return torch.matmul(hidden, self.lm_head.weight.t(), out=out)
         return self.lm_head(hidden).float()

@@ -59,7 +59,8 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE, workers=No
     max_model_len = model_checks.served_max_model_len(hf_config, config.max_model_len)  # before the weights
     model = loader.load_model(model_path, device, dtype, hf_config, config.quantization, tp,
                               skinny_max_tokens=config.skinny_max_tokens if device.type == "cuda" else 0,
-                              pdl=config.pdl and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9)
+                              pdl=config.pdl and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9,
+                              batch_invariant=config.deterministic)
     log.info("loaded %s in %.2f s", model_path, time.perf_counter() - t0)
     draft = draft_path = None
     if config.speculative_model:  # speculative decoding's draft model (spec_decode/draft.py)

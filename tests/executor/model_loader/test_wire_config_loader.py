@@ -121,3 +121,23 @@ def test_eos_ids_and_unsupported_type(tmp_path, model_dirs):
     (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2", "n_embd": 64}))
     with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
         load_model(bad, "cpu", torch.float32)
+
+
+def test_deterministic_flag_aliases_env_and_refusals(monkeypatch, capsys):
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    monkeypatch.delenv("LLMSERVE_EXECUTOR_DETERMINISTIC", raising=False)
+    plain = ExecutorConfig.from_args(["--device", "cpu"])
+    assert (plain.deterministic, plain.skinny_max_tokens) == (False, 1)
+    for argv in (["--deterministic"], ["--enable-deterministic-inference"]):  # ours, SGLang's
+        cfg = ExecutorConfig.from_args(["--device", "cpu", *argv])
+        assert (cfg.deterministic, cfg.skinny_max_tokens) == (True, 0)  # the skinny path is off
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")  # vLLM's switch
+    assert ExecutorConfig.from_args(["--device", "cpu"]).deterministic
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
+    monkeypatch.setenv("LLMSERVE_EXECUTOR_DETERMINISTIC", "1")
+    assert ExecutorConfig.from_args(["--device", "cpu"]).deterministic
+    for argv, what in ((["--tensor-parallel-size", "2"], "--tensor-parallel-size 1"),
+                       (["--quantization", "fp8"], "no --quantization")):
+        with pytest.raises(SystemExit) as exit_:
+            ExecutorConfig.from_args(["--device", "cpu", "--deterministic", *argv])
+        assert exit_.value.code == 2 and what in capsys.readouterr().err
