@@ -16,7 +16,8 @@ from tests.executor.conftest import ARCHS
 
 BLOCK = 16
 SEQ = 40
-DEVICES = [("cpu", torch.float32)] + ([("cuda", torch.bfloat16)] if torch.cuda.is_available() else [])
+DEVICES = [("cpu", torch.float32), pytest.param("cuda", torch.bfloat16, marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
 
 
 def _meta(requests, device):
