@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from kernels import reference
+from kernels.invariant import linear_invariant  # noqa: F401 - public (--deterministic)
 from kernels.step_ops import TOKEN_ROWS_MAX_DRAFTS, decode_advance, rejection_sample, verify_scan, verify_token_rows
 
 __all__ = [  # the public kernels
@@ -55,10 +56,8 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     batch_invariant: bool = False,  # a token's output independent of the step's other tokens
 ) -> torch.Tensor:
-    """Varlen causal attention over the paged cache: prefill, chunked prefill, decode, mixed.
-    batch_invariant (--deterministic): each token's output bit for bit the same whatever else
-    the step holds (Triton: one tile shape, key tiles at fixed positions; the reference: one
-    token at a time)."""
+    """Varlen causal attention over the paged cache: prefill, chunked prefill, decode, mixed;
+    batch_invariant: a token's output independent of the step's others (docs/deterministic.md)."""
     if q.is_cuda:
         from kernels.attention_prefill import paged_attention_triton
 
@@ -189,22 +188,6 @@ def skinny_linear(
         return skinny_linear_triton(x, w, bias, out, pdl=pdl)
     y = reference.skinny_linear_reference(x, w, bias)
     return y if out is None else out.copy_(y)
-
-
-def linear_invariant(
-    x: torch.Tensor,  # [..., K]
-    w: torch.Tensor,  # [N, K]
-    bias: torch.Tensor | None = None,  # [N]
-    out: torch.Tensor | None = None,  # [M, N] (M = x's rows), any float dtype
-) -> torch.Tensor:
-    """x @ w^T (+ bias), fp32 accumulation, each row's result independent of the other rows
-    (--deterministic; kernels/gemm_invariant.py). CPU: one row at a time."""
-    if x.is_cuda:
-        from kernels.gemm_invariant import linear_invariant_triton
-
-        return linear_invariant_triton(x, w, bias, out)
-    y = reference.linear_invariant_reference(x, w, bias)
-    return y if out is None else out.copy_(y.reshape(out.shape))
 
 
 def rms_norm_linear(
