@@ -25,7 +25,8 @@ from benchmarks.harness import (
     runner_for_folder,
 )
 
-SECTIONS = ("first", "w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w2so", "ab", "w6", "w8", "spec", "intake")
+SECTIONS = ("first", "w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w2so", "ab", "w6", "w8", "spec", "intake",
+            "det", "detcost")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "ab")  # ab needs OLD_TREE
 OLD_TREE = Path(".old/base")  # a checkout of the commit to compare with (w2ab), if present
 
@@ -209,6 +210,23 @@ def section_intake(out: dict) -> None:
                    for _ in range(3) for pacing, ms in (("on", None), ("off", 0.0))]
 
 
+def section_det(out: dict, log_dir: Path) -> None:
+    """Issue 28: held-out SmolLM2 requests alone, cached, together and with speculation, default
+    mode vs --deterministic: how many differ from the request alone (benchmarks/det_bench.py)."""
+    import torch
+
+    from benchmarks import det_bench, real_model
+
+    det_bench.held_out(out, log_dir / "det", real_model.folders(MODELS / "smol-cache")[torch.bfloat16])
+
+
+def section_detcost(out: dict, log_dir: Path) -> None:
+    """Issue 28: W1, W3, W2 through both services, default vs --deterministic, A-B-A-B."""
+    from benchmarks import det_bench
+
+    det_bench.cost(out, log_dir / "detcost", model_path("llama-1b"))
+
+
 def section_ab(out: dict) -> None:
     """W1, W2 and W3 through both services, OLD_TREE and this tree alternating twice
     (AB_ROUNDS times, default 2; benchmarks/ab_full.py: each tree runs its own code)."""
@@ -228,7 +246,7 @@ def run_section(name: str, out_dir: Path) -> None:
     # a SIGTERM (e.g. `timeout`) ends the section with what it measured so far written out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"section {name}: terminated"))
     try:
-        if name in ("first", "full", "smol", "w7", "w6", "w8", "spec"):
+        if name in ("first", "full", "smol", "w7", "w6", "w8", "spec", "det", "detcost"):
             globals()[f"section_{name}"](out, out_dir)
         else:
             globals()[f"section_{name}"](out)

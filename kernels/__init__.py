@@ -10,13 +10,13 @@ import torch
 
 from kernels import reference
 from kernels.invariant import linear_invariant  # noqa: F401 - public (--deterministic)
-from kernels.step_ops import TOKEN_ROWS_MAX_DRAFTS, decode_advance, rejection_sample, verify_scan, verify_token_rows
+from kernels.step_ops import TOKEN_ROWS_MAX_DRAFTS, decode_advance, verify_scan, verify_token_rows
 
 __all__ = [  # the public kernels
     "write_kv", "paged_attention", "paged_decode_attention", "rms_norm", "silu_and_mul", "rotary_embedding",
     "gumbel_sample", "rotary_write_kv", "skinny_linear", "rms_norm_linear", "rms_norm_qkv_rope",
     "silu_mul_linear", "SKINNY_MAX_M", "fp8_linear", "FP8_W8A16_MAX_M", "rms_norm_quant",
-    "silu_and_mul_quant", "verify_scan", "verify_token_rows", "TOKEN_ROWS_MAX_DRAFTS", "rejection_sample",
+    "silu_and_mul_quant", "verify_scan", "verify_token_rows", "TOKEN_ROWS_MAX_DRAFTS",
     "decode_advance", "rms_norm_lm_head_sample", "linear_invariant",
 ]
 

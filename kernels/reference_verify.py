@@ -52,15 +52,12 @@ def verify_token_rows_reference(
     last_tokens: torch.Tensor,  # [R] int64, in/out
     chain_ok: torch.Tensor,  # [R] bool, in/out
     counts: torch.Tensor,  # [T] int64, out
-    accepted: torch.Tensor | None = None,  # [T] bool: the draft after token row t accepted; None: greedy
 ) -> None:
     """A verify step laid out as token rows (one row per token, a request's tokens consecutive),
     in one pass: per request (a first token s with d drafts), n = its leading accepted drafts:
-    greedy (accepted None), draft j is accepted where it equals the argmax before it
-    (ids[s + j] == input_ids[s + j + 1]); else where accepted[s + j]. Its tokens become
-    ids[s : s + n + 1]: the accepted drafts (written over ids[s + j], j < n: the greedy rule
-    leaves them as they were), then ids[s + n], the token drawn where it stopped (the recovered
-    token, or the bonus). A chained request is valid iff chain_ok[row] (read before this step
+    draft j is accepted where it equals the token drawn before it (ids[s + j] == input_ids[s + j + 1]:
+    the argmax, or the sampler's seeded draw). Its tokens are ids[s : s + n + 1] as they are: the
+    accepted drafts, then ids[s + n], the token drawn where it stopped. A chained request is valid iff chain_ok[row] (read before this step
     writes it); writes chain_ok[row] = (valid and n == d), last_tokens[row] = ids[s + n] if valid
     (a void row keeps its last token), counts[s] = n + 1 if valid else 0 and counts = 0 at every
     other token."""
@@ -74,10 +71,7 @@ def verify_token_rows_reference(
     inside = j[None, :] < d[:, None]
     at = torch.where(inside, starts[:, None] + j[None, :], torch.zeros_like(j)[None, :])
     drafts = input_ids[torch.where(inside, at + 1, at)]
-    ok = (ids[at] == drafts) if accepted is None else accepted[at]
-    n = (ok & inside).long().cumprod(dim=1).sum(dim=1)
-    take = inside & (j[None, :] < n[:, None])
-    ids[at[take]] = drafts[take]
+    n = ((ids[at] == drafts) & inside).long().cumprod(dim=1).sum(dim=1)
     rows = src_rows[starts]
     valid = ~chained | chain_ok[rows]
     chain_ok.index_copy_(0, rows, valid & (n == d))

@@ -67,9 +67,9 @@ def verify_scan_triton(accepted, recovered, draft_ids, draft_start, num_drafts, 
     return tokens, n, final, valid
 
 
-@triton.jit(do_not_specialize=["ids_ptr", "inputs_ptr", "seg_ptr", "src_ptr", "counts_ptr", "acc_ptr", "num_tokens"])
-def _verify_token_rows_kernel(ids_ptr, inputs_ptr, seg_ptr, src_ptr, last_ptr, ok_ptr, counts_ptr, acc_ptr,
-                              num_tokens, HAS_ACCEPTED: tl.constexpr, BLOCK_D: tl.constexpr):
+@triton.jit(do_not_specialize=["ids_ptr", "inputs_ptr", "seg_ptr", "src_ptr", "counts_ptr", "num_tokens"])
+def _verify_token_rows_kernel(ids_ptr, inputs_ptr, seg_ptr, src_ptr, last_ptr, ok_ptr, counts_ptr,
+                              num_tokens, BLOCK_D: tl.constexpr):
     i = tl.program_id(0)  # a token row: work only where a request starts
     seg = tl.load(seg_ptr + i)
     first = seg >= 0
@@ -77,32 +77,25 @@ def _verify_token_rows_kernel(ids_ptr, inputs_ptr, seg_ptr, src_ptr, last_ptr, o
     j = tl.arange(0, BLOCK_D)
     inside = (j < d) & (i + j + 1 < num_tokens)
     draft = tl.load(inputs_ptr + i + j + 1, mask=inside, other=0)
-    if HAS_ACCEPTED:  # the rejection rule's flags, a token row each
-        rejected = tl.load(acc_ptr + i + j, mask=inside, other=1) == 0
-    else:  # greedy: a draft is accepted where it is the argmax before it
-        rejected = tl.load(ids_ptr + i + j, mask=inside, other=0) != draft
+    # a draft is accepted where it is the token drawn before it (the argmax, or the seeded draw)
+    rejected = tl.load(ids_ptr + i + j, mask=inside, other=0) != draft
     n = tl.min(tl.where(inside & rejected, j, d), axis=0)  # the first rejection, else d
     row = tl.load(src_ptr + i, mask=first, other=0)
     chained = first & ((seg & 1) == 1)
     valid = tl.load(ok_ptr + row, mask=chained, other=1) != 0  # (unchained rows: valid)
     final = tl.load(ids_ptr + i + n, mask=first, other=0)
-    if HAS_ACCEPTED:  # the request's tokens in place: its accepted drafts, then `final`
-        tl.store(ids_ptr + i + j, draft, mask=inside & (j < n))
     tl.store(ok_ptr + row, (valid & (n == d)).to(tl.uint8), mask=first)
     tl.store(last_ptr + row, final, mask=first & valid)
     tl.store(counts_ptr + i, tl.where(first & valid, n + 1, 0).to(tl.int64))
 
 
-def verify_token_rows_triton(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts,
-                             accepted=None) -> None:
+def verify_token_rows_triton(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts) -> None:
     """kernels.verify_token_rows on CUDA tensors (the reference's contract; up to MIN_BLOCK_D - 1
-    drafts a request, two variants (greedy, accepted flags): graph-capturable, no host sync)."""
+    drafts a request: graph-capturable, no host sync)."""
     check_same_device(ids=ids, input_ids=input_ids, segments=segments, src_rows=src_rows,
                       last_tokens=last_tokens, chain_ok=chain_ok, counts=counts)
     t = ids.numel()
     if t:
-        has_accepted = accepted is not None
         _verify_token_rows_kernel[(t,)](
-            ids, input_ids, segments, src_rows, last_tokens, chain_ok.view(torch.uint8), counts,
-            accepted.view(torch.uint8) if has_accepted else counts, t, HAS_ACCEPTED=has_accepted,
+            ids, input_ids, segments, src_rows, last_tokens, chain_ok.view(torch.uint8), counts, t,
             BLOCK_D=MIN_BLOCK_D)

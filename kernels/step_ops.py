@@ -62,14 +62,13 @@ def verify_scan(
 
 
 def verify_token_rows(
-    ids: torch.Tensor,  # [T] int64, in/out: each token row's token (greedy: its argmax)
+    ids: torch.Tensor,  # [T] int64, in/out: each token row's token (its argmax, or seeded draw)
     input_ids: torch.Tensor,  # [T] int64
     segments: torch.Tensor,  # [T] int32: (d << 1) | chained at a request's first token, < 0 elsewhere
     src_rows: torch.Tensor,  # [T] int64
     last_tokens: torch.Tensor,  # [R] int64, in/out
     chain_ok: torch.Tensor,  # [R] bool, in/out
     counts: torch.Tensor,  # [T] int64, out
-    accepted: torch.Tensor | None = None,  # [T] bool (the rejection rule's); None: greedy
 ) -> None:
     """A verify step of token rows in one pass: each request's accepted drafts (its tokens in
     place in ids), its tokens' count at its first token, its chain flag and last token (at most
@@ -77,27 +76,7 @@ def verify_token_rows(
     if ids.is_cuda:
         from kernels.spec_verify import verify_token_rows_triton
 
-        return verify_token_rows_triton(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts, accepted)
+        return verify_token_rows_triton(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts)
     from kernels.reference_verify import verify_token_rows_reference
 
-    return verify_token_rows_reference(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts, accepted)
-
-
-def rejection_sample(
-    logits: torch.Tensor,  # [M, V] float32 | bfloat16
-    draft_ids: torch.Tensor,  # [M] int64
-    temperature: torch.Tensor,  # [M] float32; <= 0 = greedy
-    seeds: torch.Tensor,  # [M] int64
-    positions: torch.Tensor,  # [M] int64: the drafted token's position
-    accept_key: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Speculative decoding's rejection rule for rows without top-k / top-p: (accepted [M] bool,
-    recovered [M] int64); a draft of -1 is none (the row's plain draw); kernels/reference_reject.py
-    says exactly what."""
-    if logits.is_cuda:
-        from kernels.spec_reject import rejection_sample_triton
-
-        return rejection_sample_triton(logits, draft_ids, temperature, seeds, positions, accept_key)
-    from kernels.reference_reject import rejection_sample_reference
-
-    return rejection_sample_reference(logits, draft_ids, temperature, seeds, positions, accept_key)
+    return verify_token_rows_reference(ids, input_ids, segments, src_rows, last_tokens, chain_ok, counts)

@@ -42,7 +42,10 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     cut = rank >= k
     probs = sorted_logits.masked_fill(cut, float("-inf")).softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # probability of the better-ranked tokens
-    cut |= (mass_before >= top_p[:, None]) & (rank > 0)  # always keep the best token
+    # always keep the best token; a row without top-p cuts nothing here (with top_p = 1 the
+    # cumulative sum may round to 1 before the last tokens: they would go, and a row's draw
+    # would depend on whether another row of its step cuts)
+    cut |= (mass_before >= top_p[:, None]) & (rank > 0) & (top_p[:, None] < 1)
     mask = torch.empty_like(cut).scatter_(-1, order, cut)
     return logits.masked_fill(mask, float("-inf"))
 
@@ -74,8 +77,8 @@ def sample(logits: torch.Tensor, params: SamplingTensors, allowed: torch.Tensor 
 def scale_and_cut(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """float32 logits [N, V] -> the distribution each row samples from, as logits: divided by
     the row's temperature (greedy rows by 1e-5), then cut to its top-k / top-p (when some row
-    cuts). The sampler draws from it; the rejection rule (spec_decode/verify.py) scores drafts
-    under its softmax."""
+    cuts). The sampler draws from it (and so does the verification rule, spec_decode/verify.py,
+    through `sample`)."""
     scaled = logits / params.temperature.clamp_min(1e-5)[:, None]
     if params.need_top_k_top_p:
         scaled = apply_top_k_top_p(scaled, params.top_k, params.top_p)

@@ -1,14 +1,16 @@
-"""Speculative decoding on the executor: verify rows and the rejection rule.
+"""Speculative decoding on the executor: verify rows and the verification rule.
 
 A verify row is a cached row with d draft tokens (StepPlan.num_draft_tokens): it computes
 1 + d tokens, its last sampled token (fed from the device, as a decode row's) then the drafts,
 like a prefill chunk. The logits of its first d positions score the drafts; its last position
-is sampled as any row's (the bonus token). Draft j is accepted with probability p(d_j), p the
-target's distribution at that position (temperature, top-k, top-p applied); at the first
-rejection the row's token is drawn from p with d_j removed and renormalised (max(p - q, 0) for
-a point-mass draft q), else the bonus is. So the tokens are distributed exactly as the target's
-(greedy: accept iff d_j is the argmax, token-exact). The randomness is the sampler's counter
-hash (kernels/reference.py uniform_noise, Gumbel-max): replayable from (seed, position).
+is sampled as any row's (the bonus token). The rule (match_drafts): at each position the row
+draws its token exactly as a decode step would (the sampler's Gumbel-max with the noise of
+(seed, position); greedy: the argmax), and draft j is accepted iff it equals that draw; the
+row's token is the draw where it stops, or the bonus. The tokens are therefore the tokens of
+speculation off, bit for bit when the logits are (--deterministic, docs/deterministic.md), and
+distributed as the target's; a draft is accepted with probability p(d_j), as under the classic
+rejection rule for a point-mass draft (u < p(d_j), then a draw from max(p - q, 0)), which
+spent another uniform per position and gave different tokens than speculation off.
 
 The row answers its accepted drafts and that one token. Its num_computed was advanced over all
 1 + d tokens at launch; the rejected drafts' slots are given back when the step is finished
@@ -40,48 +42,25 @@ import numpy as np
 import torch
 
 import kernels
-from executor_svc.sample.ops import SamplingTensors, scale_and_cut
+from executor_svc.sample.ops import SamplingTensors, sample
 from executor_svc.sample.sampler import Sampled, Sampler
-from executor_svc.spec_decode.verify_tail import (ACCEPT_SEED_KEY, RANDOM, TailOutcome, VerifyTail, tail_result,
+from executor_svc.spec_decode.verify_tail import (RANDOM, TailOutcome, VerifyTail, tail_result,
                                                   write_segments)
 from executor_svc.worker.cuda_graphs import GraphRunner
 from executor_svc.worker.staged import PinnedOut, Staged
 from executor_svc.worker.input_batch import InputBatch, RequestState
 from executor_svc.worker.step_buffers import StepBuffers
 from executor_svc.worker.step_inputs import Scheduled
-from kernels.reference import uniform_noise
 
 
-def rejection_sample(logits: torch.Tensor, draft_ids: torch.Tensor,
-                     params: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rejection rule for point-mass drafts, M positions at once (a pure function).
-
-    logits [M, V] of the positions predicting draft_ids [M]; params: per position the row's
-    sampling parameters and the position of the token drawn there (with the host flags
-    all_greedy: no row samples, one argmax; need_top_k_top_p: some row cuts). Returns
-    (accepted [M] bool, recovered [M] int64): accepted = u < p(draft) with
-    u = uniform_noise(seed ^ ACCEPT_SEED_KEY, position) (greedy: draft == argmax); recovered =
-    a sample of p with the draft removed, renormalised, by Gumbel-max with the sampler's noise
-    of (seed, position) (greedy: the argmax). p is the sampler's distribution (ops.scale_and_cut).
-    Without top-k / top-p the same rule is one fused pass (kernels.rejection_sample: two Triton
-    launches on CUDA, where this general path launches ~70 small kernels)."""
-    if params.all_greedy:
-        greedy_ids = logits.argmax(dim=-1)
-        return greedy_ids == draft_ids, greedy_ids
-    if not params.need_top_k_top_p:
-        return kernels.rejection_sample(logits, draft_ids, params.temperature, params.seeds, params.positions,
-                                        ACCEPT_SEED_KEY)
-    logits = logits.float()
-    greedy_ids = logits.argmax(dim=-1)
-    random_rows = params.temperature > 0
-    probs = scale_and_cut(logits, params).softmax(dim=-1)
-    p_draft = probs.gather(1, draft_ids[:, None])[:, 0]
-    u = uniform_noise(params.seeds ^ ACCEPT_SEED_KEY, params.positions, 1)[:, 0]
-    accepted = torch.where(random_rows, u < p_draft, greedy_ids == draft_ids)
-    residual = probs.scatter(1, draft_ids[:, None], 0.0)  # max(p - q, 0), q = one-hot(draft)
-    ones = torch.ones_like(params.temperature, dtype=torch.float32)
-    recovered = kernels.gumbel_sample(residual.log(), ones, params.seeds, params.positions)
-    return accepted, torch.where(random_rows, recovered, greedy_ids)
+def match_drafts(logits: torch.Tensor, draft_ids: torch.Tensor,
+                 params: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
+    """The verification rule for point-mass drafts, M positions at once (a pure function):
+    (accepted [M] bool, drawn [M] int64), drawn = the sampler's own draw at each position
+    (ops.sample: the argmax on greedy rows, else Gumbel-max with the noise of (seed, position)
+    over the row's scaled and cut logits) and accepted = (drawn == draft)."""
+    drawn = sample(logits, params)
+    return drawn == draft_ids, drawn
 
 
 @dataclass(frozen=True)
@@ -234,7 +213,7 @@ class Verifier:
         if greedy is not None:
             accepted, recovered = greedy == draft_ids, greedy
         else:
-            accepted, recovered = rejection_sample(logits, draft_ids, v.params)
+            accepted, recovered = match_drafts(logits, draft_ids, v.params)
         tokens, num_accepted, final, valid = kernels.verify_scan(
             accepted, recovered, draft_ids, v.draft_start, v.drafts_per_row, v.rows, last_tokens, self.chain_ok,
             v.chained, prev_last, v.max_drafts)

@@ -8,12 +8,11 @@ that draft is accepted:
 
 - greedy (every row greedy): the argmax; a draft is accepted where it equals the argmax before
   it, and the token where a request stops is the argmax there. One argmax over the token rows.
-- random (some row samples): the rejection rule (kernels.rejection_sample, two launches) over
-  every token row, with the draft that follows it in its request (the next token's input), or
-  -1 at a request's last token, where the rule's token is the sampler's plain draw (the bonus
-  token, bit for bit the one Sampler.sample would draw). Its columns (temperature, seed, the
-  position of the token drawn) are the Sampler's step columns, written a token row each
-  (Verifier.prepare), so its randomness is the scan path's: the same tokens for the same plan.
+- random (some row samples): the sampler's draw (kernels.gumbel_sample, one launch) at every
+  token row; a draft is accepted where it equals the draw before it (verify.match_drafts's
+  rule), and the token where a request stops is the draw there. Its columns (temperature, seed,
+  the position of the token drawn) are the Sampler's step columns, written a token row each
+  (Verifier.prepare), so each draw is bit for bit the one a decode step would make.
 
 Then one kernel (kernels.verify_token_rows) finds each request's accepted drafts, writes its
 tokens in place (accepted drafts, then the token where it stopped), its count at its first token,
@@ -45,8 +44,6 @@ from executor_svc.worker.cuda_graphs import capture_graph
 from executor_svc.worker.host_device import HOST_SETS
 from executor_svc.worker.step_buffers import StepBuffers
 
-# Seeds of the acceptance uniforms: a stream apart from the Gumbel noise of the same position.
-ACCEPT_SEED_KEY = 0x5EC_DEC0DE
 GREEDY, RANDOM = "greedy", "random"
 
 
@@ -85,7 +82,7 @@ def tail_result(offsets: np.ndarray, ids: list[int], counts: list[int]) -> list[
 
 class VerifyTail:
     """The tail's device state: its output (n tokens then n counts for a step of n token rows),
-    the drafts that follow each token row, two pinned host copies of the output (by step
+    two pinned host copies of the output (by step
     parity) and, once captured, a graph per decode size and kind."""
 
     def __init__(self, buffers: StepBuffers, inputs: SampleInputs, last_tokens: torch.Tensor,
@@ -93,8 +90,6 @@ class VerifyTail:
         self.buffers, self.inputs, self.last_tokens, self.chain_ok = buffers, inputs, last_tokens, chain_ok
         device = last_tokens.device
         self.out = torch.zeros(2 * max_tokens, dtype=torch.int64, device=device)  # [:n] tokens, [n:2n] counts
-        self.next_draft = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        self._no_draft = torch.tensor(-1, dtype=torch.int64, device=device)
         self._host = [torch.zeros(2 * max_tokens, dtype=torch.int64, pin_memory=device.type == "cuda")
                       for _ in range(HOST_SETS)]
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
@@ -130,16 +125,9 @@ class VerifyTail:
     def _run(self, logits: torch.Tensor, n: int, kind: str) -> None:
         buf, ids, counts = self.buffers, self.out[:n], self.out[n:2 * n]
         inputs, segments = buf.input_ids.gpu[:n], buf.verify_segments.gpu[:n]
-        accepted = None
         if kind == GREEDY:
             torch.argmax(logits[:n], dim=-1, out=ids)
-        else:  # the draft after each token row: the next token's input where it is a draft (-1), else none
-            nxt = self.next_draft[:n]
-            torch.where(segments[1:] == -1, inputs[1:], self._no_draft, out=nxt[:n - 1])
-            nxt[n - 1:].fill_(-1)
+        else:
             col = self.inputs
-            accepted, recovered = kernels.rejection_sample(logits[:n], nxt, col.temperature.gpu[:n], col.seeds.gpu[:n],
-                                                           col.positions.gpu[:n], ACCEPT_SEED_KEY)
-            ids.copy_(recovered)
-        kernels.verify_token_rows(ids, inputs, segments, buf.src_rows.gpu[:n], self.last_tokens, self.chain_ok, counts,
-                                  accepted)
+            ids.copy_(kernels.gumbel_sample(logits[:n], col.temperature.gpu[:n], col.seeds.gpu[:n], col.positions.gpu[:n]))
+        kernels.verify_token_rows(ids, inputs, segments, buf.src_rows.gpu[:n], self.last_tokens, self.chain_ok, counts)

@@ -1,5 +1,4 @@
-"""The verify tail's kernel (kernels.verify_token_rows), greedy and with the rejection rule's
-accept flags: its reference against a request-by-request loop written from the rule (CPU), and
+"""The verify tail's kernel (kernels.verify_token_rows): its reference against a request-by-request loop written from the rule (CPU), and
 the Triton kernel against the reference, exactly (CUDA, or TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
@@ -13,19 +12,15 @@ from tests.kernels.kernel_cases import DEVICE, ON_CUDA, TRITON_MARKS
 R = 40  # persistent rows
 
 
-def _case(seed: int, num_reqs: int, max_drafts: int, chain: bool, p_match: float, pad: int = 3,
-          flags: bool = False):
+def _case(seed: int, num_reqs: int, max_drafts: int, chain: bool, p_match: float, pad: int = 3):
     """A token-rows step: num_reqs requests of 1 + d tokens (d in 0..max_drafts), then `pad`
-    padded rows (segment -2); greedy: each draft equals the argmax before it with probability
-    p_match; flags: each draft is accepted (accepted[t], t the token before it) with that
-    probability instead, whatever the ids."""
+    padded rows (segment -2); each draft equals the token drawn before it with probability p_match."""
     g = torch.Generator().manual_seed(seed)
     d = torch.randint(0, max_drafts + 1, (num_reqs,), generator=g)
     t = int((d + 1).sum()) + pad
     ids = torch.randint(0, 1000, (t,), generator=g)
     inputs = torch.randint(0, 1000, (t,), generator=g)
     segments = torch.full((t,), -2, dtype=torch.int32)
-    accepted = torch.rand(t, generator=g) < 0.5  # (flags: rows without a draft after them, any)
     chained = (torch.rand(num_reqs, generator=g) < 0.5) if chain else torch.zeros(num_reqs, dtype=torch.bool)
     rows = torch.randperm(R, generator=g)[:num_reqs]
     src = torch.randint(0, R, (t,), generator=g)  # padded rows: any row (never read)
@@ -36,14 +31,11 @@ def _case(seed: int, num_reqs: int, max_drafts: int, chain: bool, p_match: float
         segments[s + 1:s + n + 1] = -1
         src[s:s + n + 1] = rows[i]
         match = torch.rand(n, generator=g) < p_match
-        if flags:
-            accepted[s:s + n] = match
-        else:
-            inputs[s + 1:s + n + 1] = torch.where(match, ids[s:s + n], inputs[s + 1:s + n + 1])
+        inputs[s + 1:s + n + 1] = torch.where(match, ids[s:s + n], inputs[s + 1:s + n + 1])
         s += n + 1
     return dict(ids=ids, input_ids=inputs, segments=segments, src_rows=src,
                 last_tokens=torch.randint(0, 1000, (R,), generator=g), chain_ok=torch.rand(R, generator=g) < 0.5,
-                counts=torch.full((t,), 7, dtype=torch.int64), accepted=accepted if flags else None)
+                counts=torch.full((t,), 7, dtype=torch.int64))
 
 
 def _by_loop(c: dict) -> tuple[list[int], list[int], list[bool], list[list[int]]]:
@@ -51,13 +43,12 @@ def _by_loop(c: dict) -> tuple[list[int], list[int], list[bool], list[list[int]]
     request's tokens)."""
     ids, inputs, seg = c["ids"].tolist(), c["input_ids"].tolist(), c["segments"].tolist()
     last, ok, counts, tokens = c["last_tokens"].tolist(), c["chain_ok"].tolist(), [0] * len(ids), []
-    flags = None if c["accepted"] is None else c["accepted"].tolist()
     for s, v in enumerate(seg):
         if v < 0:
             continue
         d, row = v >> 1, int(c["src_rows"][s])
         n = 0
-        while n < d and (ids[s + n] == inputs[s + n + 1] if flags is None else flags[s + n]):
+        while n < d and ids[s + n] == inputs[s + n + 1]:
             n += 1
         valid = not (v & 1) or ok[row]
         ok[row] = valid and n == d
@@ -77,9 +68,8 @@ def _tokens(c: dict) -> list[list[int]]:
 @pytest.mark.parametrize("chain", [False, True])
 @pytest.mark.parametrize("seed,num_reqs,max_drafts", [(0, 1, 0), (1, 1, 4), (2, 7, 4), (3, 33, 8), (4, 16, 15)])
 @pytest.mark.parametrize("p_match", [0.0, 0.8, 1.0])
-@pytest.mark.parametrize("flags", [False, True])
-def test_the_reference_is_the_rule(seed, num_reqs, max_drafts, chain, p_match, flags):
-    c = _case(seed, num_reqs, max_drafts, chain, p_match, flags=flags)
+def test_the_reference_is_the_rule(seed, num_reqs, max_drafts, chain, p_match):
+    c = _case(seed, num_reqs, max_drafts, chain, p_match)
     counts, last, ok, tokens = _by_loop(c)
     verify_token_rows_reference(**c)
     assert c["counts"].tolist() == counts
@@ -99,31 +89,18 @@ def test_a_request_emits_its_accepted_drafts_then_the_argmax_at_the_first_mismat
     assert int(c["last_tokens"][5]) == 13 and not bool(c["chain_ok"][5])
 
 
-def test_with_accept_flags_a_request_emits_its_accepted_drafts_then_the_token_drawn_where_it_stopped():
-    # drafts 11, 12, 99 after rows 0..2, accepted, accepted, rejected: row 2 drew 40 in 99's place
-    ids = torch.tensor([30, 31, 40, 50])  # rows 0, 1: what they drew (not used: their drafts stand)
-    c = dict(ids=ids, input_ids=torch.tensor([0, 11, 12, 99]), segments=torch.tensor([3 << 1, -1, -1, -1],
-             dtype=torch.int32), src_rows=torch.tensor([5, 5, 5, 5]), last_tokens=torch.zeros(8, dtype=torch.int64),
-             chain_ok=torch.ones(8, dtype=torch.bool), counts=torch.zeros(4, dtype=torch.int64),
-             accepted=torch.tensor([True, True, False, False]))
-    verify_token_rows_reference(**c)
-    assert c["counts"].tolist() == [3, 0, 0, 0] and c["ids"][:3].tolist() == [11, 12, 40]
-    assert int(c["last_tokens"][5]) == 40 and not bool(c["chain_ok"][5])
-
-
 @pytest.mark.parametrize("chain", [False, True])
 @pytest.mark.parametrize("seed,num_reqs,max_drafts", [(0, 1, 0), (1, 1, 4), (2, 7, 4), (3, 33, 8), (4, 16, 15)])
 @pytest.mark.parametrize("p_match", [0.0, 0.8, 1.0])
-@pytest.mark.parametrize("flags", [False, True])
 @TRITON_MARKS[0]
 @TRITON_MARKS[1]
-def test_the_kernel_matches_the_reference(seed, num_reqs, max_drafts, chain, p_match, flags):
+def test_the_kernel_matches_the_reference(seed, num_reqs, max_drafts, chain, p_match):
     import kernels
     from kernels.spec_verify import verify_token_rows_triton
 
-    c = _case(seed, num_reqs, max_drafts, chain, p_match, flags=flags)
-    ref = {k: None if v is None else v.clone() for k, v in c.items()}
-    dev = {k: None if v is None else v.to(DEVICE) for k, v in c.items()}
+    c = _case(seed, num_reqs, max_drafts, chain, p_match)
+    ref = {k: v.clone() for k, v in c.items()}
+    dev = {k: v.to(DEVICE) for k, v in c.items()}
     verify_token_rows_reference(**ref)
     (kernels.verify_token_rows if ON_CUDA else verify_token_rows_triton)(**dev)
     for k in ("counts", "last_tokens", "chain_ok", "ids"):

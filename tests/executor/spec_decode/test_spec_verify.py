@@ -1,7 +1,8 @@
-"""The rejection rule of speculative decoding (executor_svc/spec_decode/verify.py) on CPU: tokens it
-yields follow the target distribution exactly (chi-square over many seeded draws on a tiny
-vocabulary), greedy rows accept exactly the argmax, draws replay from (seed, position); and
-the plan checks of verify rows."""
+"""The verification rule of speculative decoding (executor_svc/spec_decode/verify.py) on CPU: its
+tokens are the sampler's own draws (speculation on gives the tokens of speculation off), follow
+the target distribution (chi-square over many seeded draws on a tiny vocabulary) and accept a
+draft with probability p(draft); greedy rows accept exactly the argmax; and the plan checks of
+verify rows."""
 
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ from tests.executor.conftest import cached_rows, make_runner
 V = 6
 
 
-def rejection_sample(logits, drafts, temperature, top_k, top_p, seeds, positions, fused=False):
-    """verify.rejection_sample over per-position columns, on its general path (top-k / top-p cut)
-    or, fused, on the one-pass rule of rows without a cut (kernels.rejection_sample)."""
-    params = SamplingTensors(temperature, top_k, top_p, seeds, positions, all_greedy=False,
-                             need_top_k_top_p=not fused)
-    return verify.rejection_sample(logits, drafts, params)
+def params_of(temperature, top_k, top_p, seeds, positions, fused=False):
+    return SamplingTensors(temperature, top_k, top_p, seeds, positions, all_greedy=False,
+                           need_top_k_top_p=not fused)
+
+
+def match_drafts(logits, drafts, temperature, top_k, top_p, seeds, positions, fused=False):
+    """verify.match_drafts over per-position columns, on the sampler's general path (top-k /
+    top-p cut) or, fused, on its one-pass draw of rows without a cut (kernels.gumbel_sample)."""
+    return verify.match_drafts(logits, drafts, params_of(temperature, top_k, top_p, seeds, positions, fused))
 
 # chi-square quantile at p = 0.999 for V - 1 = 5 degrees of freedom (fewer when some p = 0)
 CHI2_999 = {5: 20.52, 4: 18.47, 3: 16.27, 2: 13.82, 1: 10.83}
@@ -31,7 +35,7 @@ CHI2_999 = {5: 20.52, 4: 18.47, 3: 16.27, 2: 13.82, 1: 10.83}
 def draw(logits, draft, temperature, top_k=0, top_p=1.0, n=40000, position=11, fused=False):
     """n draws of one position's token (accepted draft or recovered), seeds 0..n-1."""
     rows = logits[None].expand(n, V).contiguous()
-    accepted, recovered = rejection_sample(
+    accepted, recovered = match_drafts(
         rows, torch.full((n,), draft), torch.full((n,), temperature), torch.full((n,), top_k),
         torch.full((n,), top_p), torch.arange(n, dtype=torch.int64) * 7919 + 3,
         torch.full((n,), position, dtype=torch.int64), fused)
@@ -79,6 +83,26 @@ def test_the_fused_rule_of_rows_without_a_cut_matches_the_target(draft, temperat
     assert abs(float(accepted.double().sum()) - n * q) <= 5 * (n * q * (1 - q)) ** 0.5 + 1
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_tokens_are_the_samplers_draws(fused):
+    """Speculation on gives the tokens of speculation off: at every position the rule's token is
+    ops.sample's draw of the same row, and a draft is accepted iff it is that draw. (The classic
+    rule, accepting with a separate uniform u < p(draft), fails this: it accepts drafts the
+    sampler would not draw and rejects some it would.)"""
+    from executor_svc.sample.ops import sample
+
+    n = 4000
+    logits = torch.randn(n, V, generator=torch.Generator().manual_seed(3))
+    args = (torch.full((n,), 1.0), torch.zeros(n, dtype=torch.int64), torch.ones(n),
+            torch.arange(n, dtype=torch.int64) * 31 + 7, torch.arange(n, dtype=torch.int64) % 97)
+    drawn = sample(logits, params_of(*args, fused=fused))
+    drafts = torch.where(torch.arange(n) % 2 == 0, drawn, torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(4)))
+    accepted, recovered = match_drafts(logits, drafts, *args, fused=fused)
+    assert torch.equal(recovered, drawn)
+    assert torch.equal(accepted, drafts == drawn)
+    assert 0.55 < float(accepted.float().mean()) < 0.75  # every even draft, and 1 in ~V of the rest
+
+
 def test_a_wrong_rule_fails_the_test():
     """The chi-square test has power: recovering from p itself (the draft not removed) is off."""
     p = target(LOGITS, 1.0)
@@ -94,11 +118,11 @@ def test_greedy_accepts_exactly_the_argmax_and_draws_replay():
     drafts = torch.tensor([0, 1, 2, 3, 4, 5, 0, 1])
     zeros = torch.zeros(8)
     args = (torch.zeros(8, dtype=torch.int64), torch.ones(8), torch.arange(8), torch.arange(8) + 5)
-    accepted, recovered = rejection_sample(logits, drafts, zeros, *args)
+    accepted, recovered = match_drafts(logits, drafts, zeros, *args)
     assert torch.equal(accepted, logits.argmax(-1) == drafts)
     assert torch.equal(recovered, logits.argmax(-1))
-    a1, r1 = rejection_sample(logits, drafts, zeros + 1, *args)
-    a2, r2 = rejection_sample(logits, drafts, zeros + 1, *args)
+    a1, r1 = match_drafts(logits, drafts, zeros + 1, *args)
+    a2, r2 = match_drafts(logits, drafts, zeros + 1, *args)
     assert torch.equal(a1, a2) and torch.equal(r1, r2)
     assert bool((r1[~a1] != drafts[~a1]).all())  # a recovered token is never the draft
 
