@@ -44,19 +44,19 @@ def _weights(dtype=DTYPE, bias=True):
 
 
 @triton_test
-@pytest.mark.parametrize("bias", [True, False])
-def test_a_gemm_row_is_the_same_in_every_batch(bias):
+@pytest.mark.parametrize("bias,split_k", [(True, 1), (False, 1), (True, 3)])  # 3: K's last range short or empty
+def test_a_gemm_row_is_the_same_in_every_batch(bias, split_k):
     from kernels.gemm_invariant import linear_invariant_triton
 
     w, b = _weights(bias=bias)
     row = _rows(1, 1)
-    alone = linear_invariant_triton(row, w, b)
+    alone = linear_invariant_triton(row, w, b, split_k=split_k)
     assert rel_err(alone, ref.linear_invariant_reference(row, w, b)) < 1e-2
     for m in BATCHES:
         batch = _rows(m, 100 + m)
         at = (37 * m) % m
         batch[at] = row[0]
-        out = linear_invariant_triton(batch, w, b)
+        out = linear_invariant_triton(batch, w, b, split_k=split_k)
         assert torch.equal(out[at], alone[0]), f"row {at} of {m} differs from the row alone"
         assert rel_err(out, ref.linear_invariant_reference(batch, w, b)) < 1e-2
 
@@ -90,6 +90,9 @@ def test_gemm_refuses_bad_arguments():
         linear_invariant_triton(x, w, b[:-1])
     with pytest.raises(ValueError, match="out must be"):
         linear_invariant_triton(x, w, b, out=torch.empty(3, N, dtype=DTYPE, device=DEVICE))
+    for split_k in (0, 17):
+        with pytest.raises(ValueError, match="split_k must be in"):
+            linear_invariant_triton(x, w, b, split_k=split_k)
 
 
 def test_gemm_reference_and_cpu_dispatch_are_per_row():

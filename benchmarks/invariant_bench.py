@@ -1,0 +1,48 @@
+"""The batch-invariant GEMM (kernels/gemm_invariant.py) against cuBLAS on llama-1b's shapes, per
+row count and split of K: which split each weight shape should take (--deterministic's cost).
+
+    python -m benchmarks.invariant_bench [--json FILE]
+
+Prints per shape and M: cuBLAS µs, the invariant kernel's µs at split_k 1, 2, 4, 8, 16, and the
+weight-read floor at the machine's bandwidth (4.8 TB/s on the H200)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
+          "lm_head": (128256, 2048)}
+ROWS = (1, 8, 64, 256, 2048)
+SPLITS = (1, 2, 4, 8, 16)
+
+
+def main() -> None:
+    import triton.testing
+
+    from kernels.gemm_invariant import linear_invariant_triton
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--json")
+    args = p.parse_args()
+    out = []
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        for m in ROWS:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            row = {"shape": name, "m": m, "floor_us": (n * k * 2 + m * (k + n) * 2) / 4.8e12 * 1e6,
+                   "cublas_us": 1e3 * triton.testing.do_bench(lambda: torch.nn.functional.linear(x, w))}
+            for s in SPLITS:
+                row[f"split{s}_us"] = 1e3 * triton.testing.do_bench(lambda: linear_invariant_triton(x, w, split_k=s))
+            out.append(row)
+            print(f"{name:8s} m={m:5d} floor {row['floor_us']:7.1f} cublas {row['cublas_us']:7.1f} | "
+                  + " ".join(f"s{s} {row[f'split{s}_us']:7.1f}" for s in SPLITS), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
