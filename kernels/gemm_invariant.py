@@ -1,20 +1,26 @@
 """Batch-invariant GEMM: y = x @ w.T (+ bias), each output row a function of its own input row.
 
 cuBLAS picks its algorithm, tiles and split-K from the row count M, so a row's result depends
-on how many rows share its step (issue 28). Here one compiled configuration serves every M:
-fixed tiles (BLOCK_M x BLOCK_N, K walked in BLOCK_K steps from 0 up, in order), one `tl.dot`
-shape, fp32 accumulation, the bias added once at the end, then one rounding to the output
-dtype. A split of K (`split_k` > 1: each program sums one of split_k equal ranges of K tiles
-into fp32 partials, a second kernel adds the partials in order 0..split_k-1, then the bias) is
-allowed only as a function of the weight's shape, never of M: it changes the order in which an
-element is summed, so every row count must use the same split for the same weight. The row count changes only how many programs run, never how an element is summed:
-an output element reads only its row of x and its row of w, in the same order, through the same
-instructions, whichever other rows share its tile (`M` is not specialized, so M == 1 compiles
-nothing of its own). The cost is the decode rows: a step of 1..63 rows still runs 64-row tiles
-(docs/deterministic.md). The reference is `reference.linear_invariant_reference`.
+on how many rows share its step (issue 28). Here an element is always summed the same way for a
+given weight: K's tiles (BLOCK_K wide) fall into `split_k` consecutive ranges (split_for: a
+function of the weight's shape and the GPU, never of M); each range is summed from zero in
+order by `tl.dot` with fp32 accumulation (BLOCK_M x BLOCK_N tiles, one instruction shape); the
+range sums are added in order, ((r0 + r1) + r2) + ..., then the bias, then one rounding to the
+output dtype. An element reads only its row of x and its row of w, through the same
+instructions, whichever other rows share its tile (`M` is not specialized).
+
+Two launches compute exactly that, and M picks between them (allowed: the bits are the same):
+- few rows (the fused grid would leave SMs idle): program (tile, range) writes its range's fp32
+  sum; `_sum_ranges_kernel` adds them in order, then the bias. More programs stream the weight
+  (a decode step's GEMV), at the cost of writing and reading the partials.
+- many rows: one program per tile walks every range in order, keeping the running total and the
+  current range's sum in registers (no partials).
+The reference is `reference.linear_invariant_reference` (docs/deterministic.md).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -26,18 +32,37 @@ BLOCK_M, BLOCK_N, BLOCK_K = 64, 128, 64  # one configuration for every M: the in
 GROUP_M = 8  # programs walk GROUP_M row tiles per column band (L2 reuse; no effect on values)
 NUM_WARPS, NUM_STAGES = 4, 3
 MAX_SPLIT_K = 16
-SUM_BLOCK = 1024  # columns a program of the partials' sum adds
+MIN_RANGE_TILES = 4  # K tiles a range holds at least (split_for)
+PROGRAMS_PER_SM = 2  # split_for fills the GPU with this many programs a SM at one row tile
+SUM_BLOCK = 1024  # columns a program of the ranges' sum adds
+
+
+@triton.jit
+def _range_sum(x_rows, w_rows, m_mask, n_mask, K, k_first, k_end,
+               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One range of K's tiles summed from zero, in order: [BLOCK_M, BLOCK_N] fp32."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(k_first, k_end, BLOCK_K):
+        k = k0 + offs_k
+        k_mask = k < K
+        a = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        if IEEE:  # float32 operands: full-precision products (not TF32)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(b), acc)
+    return acc
 
 
 @triton.jit(do_not_specialize=["M"])
 def _linear_invariant_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, k_tiles_per_split,
-    stride_xm, stride_wn, stride_om, stride_os,
-    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+    x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, range_tiles,
+    stride_xm, stride_wn, stride_om, stride_or,
+    SPLIT_K: tl.constexpr, PARTIALS: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    split = tl.program_id(1)  # (split_k > 1: out is the fp32 partials [split_k, M, N])
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     band = pid // (GROUP_M * num_n)  # GROUP_M row tiles x every column tile
@@ -48,49 +73,67 @@ def _linear_invariant_kernel(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    k_first = split * k_tiles_per_split * BLOCK_K
-    k_end = tl.minimum(k_first + k_tiles_per_split * BLOCK_K, K)
-    for k0 in range(k_first, k_end, BLOCK_K):
-        k = k0 + offs_k
-        k_mask = k < K
-        a = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        if IEEE:  # float32 operands: full-precision products (not TF32)
-            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(b), acc)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + split.to(tl.int64) * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    span = range_tiles * BLOCK_K
+    if PARTIALS:  # this program's range only, into out = the fp32 range sums [SPLIT_K, M, N]
+        r = tl.program_id(1)
+        total = _range_sum(x_rows, w_rows, m_mask, n_mask, K, r * span, tl.minimum(r * span + span, K),
+                           IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+        out_ptr += r.to(tl.int64) * stride_or
+    else:  # every range in order, added as _sum_ranges_kernel adds them
+        total = _range_sum(x_rows, w_rows, m_mask, n_mask, K, 0, tl.minimum(span, K),
+                           IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+        for r in tl.static_range(1, SPLIT_K):
+            total += _range_sum(x_rows, w_rows, m_mask, n_mask, K, r * span, tl.minimum(r * span + span, K),
+                                IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, total.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit(do_not_specialize=["M"])
-def _sum_splits_kernel(part_ptr, bias_ptr, out_ptr, M, N, stride_ps, stride_om,
+def _sum_ranges_kernel(part_ptr, bias_ptr, out_ptr, M, N, stride_pr, stride_om,
                        SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """out[m, n] = ((partial 0 + partial 1) + ...) + bias, in that order, then one rounding."""
+    """out[m, n] = ((range 0 + range 1) + ...) + bias, then one rounding."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    acc = tl.load(part_ptr + row * N + offs, mask=mask, other=0.0)
-    for s in range(1, SPLIT_K):
-        acc += tl.load(part_ptr + s * stride_ps + row * N + offs, mask=mask, other=0.0)
+    ptr = part_ptr + row * N + offs
+    acc = tl.load(ptr, mask=mask, other=0.0)
+    for _ in tl.static_range(1, SPLIT_K):
+        ptr += stride_pr
+        acc += tl.load(ptr, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def split_for(n: int, k: int, num_sms: int) -> int:
+    """K's ranges for a [n, k] weight: doubled while one row tile's programs stay within
+    PROGRAMS_PER_SM a SM and each range keeps MIN_RANGE_TILES tiles (never a function of M)."""
+    tiles, k_tiles, split = triton.cdiv(n, BLOCK_N), triton.cdiv(k, BLOCK_K), 1
+    while (2 * split <= MAX_SPLIT_K and tiles * 2 * split <= PROGRAMS_PER_SM * num_sms
+           and k_tiles // (2 * split) >= MIN_RANGE_TILES):
+        split *= 2
+    return split
+
+
 def linear_invariant_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                            out: torch.Tensor | None = None, split_k: int = 1) -> torch.Tensor:
+                            out: torch.Tensor | None = None, split_k: int | None = None,
+                            partials: bool | None = None) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N] in x's dtype, or written into `out`
-    ([M, N] with M = x's rows, any float dtype: one rounding from fp32). split_k: K's tiles in
-    that many ranges summed apart, then in order (a function of the weight's shape only)."""
+    ([M, N] with M = x's rows, any float dtype: one rounding from fp32). split_k: K's ranges
+    (None: split_for the weight's shape on this GPU); partials: the launch (None: the range
+    sums apart when one program a tile would leave SMs idle) — the same bits either way."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     check_tensor("x", x2, 2)
@@ -112,21 +155,24 @@ def linear_invariant_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
             raise ValueError(f"out must be [{m}, {n}], got {tuple(out.shape)}")
         result, shape = out, None
     check_same_device(x=x2, weight=weight, out=out, **({} if bias is None else {"bias": bias}))
+    num_sms = _num_sms(x.device.index or 0) if x.is_cuda else 132
+    split_k = split_for(n, k, num_sms) if split_k is None else split_k
     if not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"split_k must be in [1, {MAX_SPLIT_K}], got {split_k}")
+    tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
+    partials = split_k > 1 and tiles < num_sms if partials is None else partials and split_k > 1
     if m and n:
-        k_tiles = triton.cdiv(triton.cdiv(k, BLOCK_K), split_k)  # each range's tiles (the last may be short)
+        range_tiles = triton.cdiv(triton.cdiv(k, BLOCK_K), split_k)  # (the last range may be short or empty)
         dummy = bias if bias is not None else weight
-        target = out if split_k == 1 else torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
-        grid = (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N), split_k)
-        _linear_invariant_kernel[grid](
-            x2, weight, dummy, target, m, n, k, k_tiles,
-            x2.stride(0), weight.stride(0), target.stride(-2), target.stride(0) if split_k > 1 else 0,
-            HAS_BIAS=bias is not None and split_k == 1, IEEE=x.dtype == torch.float32,
+        target = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if partials else out
+        _linear_invariant_kernel[(tiles, split_k if partials else 1)](
+            x2, weight, dummy, target, m, n, k, range_tiles,
+            x2.stride(0), weight.stride(0), target.stride(-2), target.stride(0) if partials else 0,
+            SPLIT_K=split_k, PARTIALS=partials, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
             num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-        if split_k > 1:
-            _sum_splits_kernel[(m, triton.cdiv(n, SUM_BLOCK))](
+        if partials:
+            _sum_ranges_kernel[(m, triton.cdiv(n, SUM_BLOCK))](
                 target, dummy, out, m, n, target.stride(0), out.stride(0),
                 SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=4)
     return result if shape is None else result.reshape(shape)

@@ -44,19 +44,22 @@ def _weights(dtype=DTYPE, bias=True):
 
 
 @triton_test
-@pytest.mark.parametrize("bias,split_k", [(True, 1), (False, 1), (True, 3)])  # 3: K's last range short or empty
+@pytest.mark.parametrize("bias,split_k", [(True, 1), (False, 1), (True, 3), (False, None)])  # 3: a short, an empty range
 def test_a_gemm_row_is_the_same_in_every_batch(bias, split_k):
+    """Alone through the range sums apart (the launch of few rows), in batches through either
+    launch: M picks the launch (split_k None: the shape's split and M's launch, as the model)."""
     from kernels.gemm_invariant import linear_invariant_triton
 
     w, b = _weights(bias=bias)
     row = _rows(1, 1)
-    alone = linear_invariant_triton(row, w, b, split_k=split_k)
+    alone = linear_invariant_triton(row, w, b, split_k=split_k, partials=split_k is not None or None)
     assert rel_err(alone, ref.linear_invariant_reference(row, w, b)) < 1e-2
-    for m in BATCHES:
+    for i, m in enumerate(BATCHES):
         batch = _rows(m, 100 + m)
         at = (37 * m) % m
         batch[at] = row[0]
-        out = linear_invariant_triton(batch, w, b, split_k=split_k)
+        partials = None if split_k is None else i % 2 == 0
+        out = linear_invariant_triton(batch, w, b, split_k=split_k, partials=partials)
         assert torch.equal(out[at], alone[0]), f"row {at} of {m} differs from the row alone"
         assert rel_err(out, ref.linear_invariant_reference(batch, w, b)) < 1e-2
 
