@@ -98,6 +98,7 @@ def rows(out_dir: Path) -> list[tuple[str, str, str]]:
     r += w8_fp8.rows(_load(out_dir, "w8"), full)
     r += spec_bench.rows(_load(out_dir, "spec"))
     r += _intake_rows(_load(out_dir, "intake"))
+    r += _det_rows(_load(out_dir, "det"), _load(out_dir, "detcost"))
     return r
 
 
@@ -217,3 +218,24 @@ def _intake_rows(intake: dict) -> list[tuple[str, str, str]]:
                         "steps " + " / ".join(str(x["steps"]) for x in rows) + "; TTFT p90 "
                         + " / ".join(f"{x['ttft_ms'][1]:.0f}" for x in rows) + " ms (~270 steps: all in at once)"))
     return out
+
+
+def _det_rows(det: dict, cost: dict) -> list[tuple[str, str, str]]:
+    """Issue 28: held-out answers differing from the request alone; --deterministic's cost."""
+    r = []
+    for mode in ("default", "deterministic"):
+        d = det.get(mode)
+        if d:
+            r.append((f"held-out SmolLM2 answers differing, {mode}", f"{d['together']}/{d['requests']} together",
+                      f"cached {d['alone_again_cached']}, speculation alone {d['spec_alone']}, "
+                      f"together {d['spec_together']} (target 0 in deterministic mode)"))
+    rows = cost.get("rows", [])
+    for name, key, unit in (("W1 TPOT", "tpot_ms", " ms"), ("W3", "tok_s", " tok/s"), ("W2", "tok_s", " tok/s")):
+        w = name.split()[0].lower()
+        by_mode = {m: [x[w][key] for x in rows if x["mode"] == m] for m in ("default", "deterministic")}
+        if all(by_mode.values()):
+            a, b = statistics.median(by_mode["default"]), statistics.median(by_mode["deterministic"])
+            cost_ = b / a - 1 if key == "tpot_ms" else a / b - 1
+            r.append((f"{name} --deterministic vs default", f"{_fmt(b, unit, 3 if key == 'tpot_ms' else 0)}",
+                      f"default {_fmt(a, unit, 3 if key == 'tpot_ms' else 0)}: cost {cost_:+.1%} (default if <= 10%)"))
+    return r
