@@ -90,21 +90,38 @@ class LogprobsOut:
     top_logprobs: torch.Tensor  # [R, K] float32
 
 
+TIE_MARGIN = 16  # candidates beyond k that settle ties at the k-th value (top_k)
+
+
+def top_k(lp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest of each row of lp [R, V] as (ids, values) [R, k], ties in index order.
+
+    torch.topk's choice and order among equal values change with k and the kernel it picks
+    (bf16 logits tie often): the logprobs graphs take max_logprobs and slice, an eager step takes
+    its own k, and a row's top alternatives differed between the two (issue 28). Here k +
+    TIE_MARGIN candidates are put in (value desc, index asc) order and the first k kept: the
+    same ids whatever k, path or batch, unless more than TIE_MARGIN + 1 values tie at the k-th."""
+    cand = lp.topk(min(lp.shape[-1], k + TIE_MARGIN), dim=-1)
+    order = cand.indices.argsort(dim=-1)  # ascending index (indices are distinct)
+    ids, values = cand.indices.gather(1, order), cand.values.gather(1, order)
+    order = values.argsort(dim=-1, descending=True, stable=True)[:, :k]
+    return ids.gather(1, order), values.gather(1, order)
+
+
 def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int,
                      out: LogprobsOut | None = None) -> LogprobsOut:
-    """Raw logprobs of token_ids [R] under logits [R, V], and the top-k (k >= 0). With `out`
-    (static tensors of the same shapes), writes there (the sampler graphs do)."""
+    """Raw logprobs of token_ids [R] under logits [R, V], and the top-k (k >= 0; top_k's
+    order). With `out` (static tensors of the same shapes), writes there (the sampler graphs do)."""
     lp = torch.log_softmax(logits.float(), dim=-1)
     chosen = lp.gather(1, token_ids[:, None])  # [R, 1]
     ranks = (lp > chosen).sum(dim=-1) + 1
-    top = lp.topk(k, dim=-1) if k else None
+    top = top_k(lp, k) if k else None
     if out is None:
         empty = lp.new_empty(lp.shape[0], 0)
-        return LogprobsOut(chosen[:, 0], ranks, top.indices if top else empty.long(),
-                           top.values if top else empty)
+        return LogprobsOut(chosen[:, 0], ranks, top[0] if top else empty.long(), top[1] if top else empty)
     out.logprobs.copy_(chosen[:, 0])
     out.ranks.copy_(ranks)
     if top is not None:
-        out.top_ids.copy_(top.indices)
-        out.top_logprobs.copy_(top.values)
+        out.top_ids.copy_(top[0])
+        out.top_logprobs.copy_(top[1])
     return out
