@@ -3,7 +3,8 @@ row count and split of K: which split each weight shape should take (--determini
 
     python -m benchmarks.invariant_bench [--json FILE]
 
-Prints per shape and M: cuBLAS µs; the invariant kernel's µs as the model runs it (`auto`: the
+Every figure is a CUDA graph's replay (triton.testing.do_bench_cudagraph), as the server runs
+decode steps: eager launches measure the host at few rows (Runs AD). Prints per shape and M: cuBLAS µs; the invariant kernel's µs as the model runs it (`auto`: the
 shape's split_for and M's launch), with no split, and with split_k 2..16 through the range sums
 apart; the weight-read floor at 4.8 TB/s (the H200's; an H100 has 3.35)."""
 
@@ -34,10 +35,10 @@ def main() -> None:
         for m in ROWS:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             row = {"shape": name, "m": m, "floor_us": (n * k * 2 + m * (k + n) * 2) / 4.8e12 * 1e6,
-                   "cublas_us": 1e3 * triton.testing.do_bench(lambda: torch.nn.functional.linear(x, w))}
-            row["auto_us"] = 1e3 * triton.testing.do_bench(lambda: linear_invariant_triton(x, w))
+                   "cublas_us": 1e3 * triton.testing.do_bench_cudagraph(lambda: torch.nn.functional.linear(x, w))}
+            row["auto_us"] = 1e3 * triton.testing.do_bench_cudagraph(lambda: linear_invariant_triton(x, w))
             for s in SPLITS:  # (range sums over 2 GB: not measured)
-                row[f"split{s}_us"] = float("nan") if s * m * n * 4 > 2**31 else 1e3 * triton.testing.do_bench(
+                row[f"split{s}_us"] = float("nan") if s * m * n * 4 > 2**31 else 1e3 * triton.testing.do_bench_cudagraph(
                     lambda: linear_invariant_triton(x, w, split_k=s, partials=s > 1))
             out.append(row)
             print(f"{name:8s} m={m:5d} floor {row['floor_us']:7.1f} cublas {row['cublas_us']:7.1f} "
