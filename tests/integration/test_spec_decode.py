@@ -117,6 +117,26 @@ def test_sampled_with_speculation_runs_and_is_replayable(runners, monkeypatch):
     assert s.spec.stats.num_draft_tokens > 0
 
 
+def test_sampled_with_speculation_gives_the_tokens_of_speculation_off(runners, monkeypatch, tmp_path):
+    """A draft is accepted iff it is the sampler's own draw at its position (verify.match_drafts),
+    so seeded sampling gives the tokens of speculation off — bit for bit when a verify row's
+    logits are a decode row's (--deterministic: the CPU executor computes each row alone)."""
+    from scheduler_svc.core.spec import gate as spec_gate
+
+    monkeypatch.setattr(spec_gate, "MIN_ACCEPTED", 0.0)  # every request keeps speculating
+    path = build_random_model(tmp_path / "tiny-llama", "tiny-llama")
+    runner = build_runner(ExecutorConfig(
+        model=str(path), device="cpu", dtype="float32", max_num_seqs=8, max_num_batched_tokens=64,
+        num_kv_blocks=96, max_model_len=256, block_size=16, deterministic=True))
+    prompts = prompts_for(runner.info().vocab_size)
+    for temperature, top_k in ((1.0, 2), (0.2, 0)):  # the sampler's sorting path, its one-pass path
+        off, _ = generate(runner, prompts, None, temperature=temperature, top_k=top_k)
+        on, scheduler = generate(runner, prompts, SPEC, temperature=temperature, top_k=top_k)
+        assert on == off, (temperature, top_k)
+        stats = scheduler.spec.stats  # (at 1.0 / top-k 2: 6 of 43 drafts accepted)
+        assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, (temperature, top_k, stats)
+
+
 def services_greedy_match_transformers(tmp_path_factory, hf_greedy, model_dirs, name: str, text: str,
                                        executor_args=()) -> dict[str, float]:
     """Both services as processes with --speculative-config `text` (and executor_args): the
