@@ -228,7 +228,8 @@ def _det_rows(det: dict, cost: dict) -> list[tuple[str, str, str]]:
         if d:
             r.append((f"held-out SmolLM2 answers differing, {mode}", f"{d['together']}/{d['requests']} together",
                       f"cached {d['alone_again_cached']}, speculation alone {d['spec_alone']}, "
-                      f"together {d['spec_together']} (target 0 in deterministic mode)"))
+                      f"together {d['spec_together']}; passage with speculation differs "
+                      f"{d.get('passage_spec_differs', '-')} (target 0 in deterministic mode)"))
     rows = cost.get("rows", [])
     for name, key, unit in (("W1 TPOT", "tpot_ms", " ms"), ("W3", "tok_s", " tok/s"), ("W2", "tok_s", " tok/s")):
         w = name.split()[0].lower()
