@@ -47,6 +47,15 @@ def _key(seed, position):
 
 
 @triton.jit
+def gumbel_noise(key, j):
+    """-log(-log(u)) for token ids j (uint32) of a row's key: u in (0, 1) from the counter hash
+    (kernels/reference.py's uniform_noise), the sampler's Gumbel noise; key and j broadcast."""
+    bits = _mix32(_mix32(key ^ j) + j)
+    u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
 def _chunk_argmax(row_ptr, mask_row_ptr, start, end, vocab, key, temperature, ADD_NOISE: tl.constexpr,
                   HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
     """(max score, lowest index of it) over [start, min(end, vocab)); index `vocab` if empty.
@@ -59,11 +68,7 @@ def _chunk_argmax(row_ptr, mask_row_ptr, start, end, vocab, key, temperature, AD
         valid = offs < vocab
         x = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(tl.float32)
         if ADD_NOISE:
-            j = offs.to(tl.uint32)
-            bits = _mix32(_mix32(key ^ j) + j)
-            u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-            gumbel = -tl.log(-tl.log(u))
-            x = tl.math.div_rn(x, temperature) + gumbel
+            x = tl.math.div_rn(x, temperature) + gumbel_noise(key, offs.to(tl.uint32))
         if HAS_MASK:
             word = tl.load(mask_row_ptr + (offs >> 5), mask=valid, other=0)
             x = tl.where(((word >> (offs & 31)) & 1) != 0, x, float("-inf"))

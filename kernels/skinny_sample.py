@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_same_device, check_skinny_args, check_tensor
-from kernels.sampling import _chunk_argmax, _key, _mix32
+from kernels.sampling import _chunk_argmax, _key, gumbel_noise
 from kernels.skinny_gemm import _skinny_acc
 from kernels.skinny_tune import MAX_M, SkinnyConfig, default_config, launch_constants, pick_config
 
@@ -56,11 +56,8 @@ def _head_sample_kernel(
     x = logits.to(tl.float32)
     temperature = tl.load(temp_ptr + rows, mask=row_ok, other=0.0)
     key = _key(tl.load(seed_ptr + rows, mask=row_ok, other=0), tl.load(pos_ptr + rows, mask=row_ok, other=0))
-    j = offs_n.to(tl.uint32)[None, :]
-    bits = _mix32(_mix32(key[:, None] ^ j) + j)
-    u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
-    gumbel = -tl.log(-tl.log(u))
-    noisy = tl.math.div_rn(x, tl.maximum(temperature, 1e-5)[:, None]) + gumbel
+    noisy = tl.math.div_rn(x, tl.maximum(temperature, 1e-5)[:, None]) + gumbel_noise(key[:, None],
+                                                                                     offs_n.to(tl.uint32)[None, :])
     score = tl.where(temperature[:, None] > 0, noisy, x)
     if HAS_MASK:
         word = tl.load(mask_ptr + rows[:, None] * stride_m + (offs_n[None, :] >> 5), mask=cell_ok, other=0)
