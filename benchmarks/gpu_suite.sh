@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in one command, for one call on the GPU machine:
-#   bash benchmarks/gpu_suite.sh [sections]      (sections: first,w4,full,peers,w5,smol,w7,w2ab,w2so,ab,w6,w8,spec,intake; default all but ab;
+#   bash benchmarks/gpu_suite.sh [sections]      (sections: first,w4,full,peers,w5,smol,w7,w2ab,w2so,ab,w6,w8,spec,intake,det,detcost;
+#                                                 default all but ab and detcost;
 #                                                 none: the CUDA tests alone)
 # SKIP_TESTS=1 skips the CUDA tests (TESTS=<paths>: only those; CUDA_SLOW=1: the cuda_slow tier too, after the fast
 # one; CUDA_WORKERS=N parallel pytest workers, 6 by default, CUDA_DIST their --dist, loadfile by default: a
@@ -48,5 +49,5 @@ if [ "${KERNEL_BENCH:-0}" = 1 ]; then
   python3 -m benchmarks.spec_step_cost --device cuda --model "$llama1b" --json "$OUT/spec_step_cost.json" 2>&1 | grep "^b="
 fi
 if [ "${1:-}" != none ]; then  # "none": the tests alone
-  python3 -m benchmarks.run_all --out "$OUT" --sections "${1:-w4,full,peers,w5,smol,w7,w2ab,w2so,w6,w8,spec,intake}" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60
+  python3 -m benchmarks.run_all --out "$OUT" --sections "${1:-w4,full,peers,w5,smol,w7,w2ab,w2so,w6,w8,spec,intake,det}" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60
 fi

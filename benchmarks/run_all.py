@@ -27,7 +27,7 @@ from benchmarks.harness import (
 
 SECTIONS = ("first", "w4", "full", "peers", "w5", "smol", "w7", "w2ab", "w2so", "ab", "w6", "w8", "spec", "intake",
             "det", "detcost")
-DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "ab")  # ab needs OLD_TREE
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in ("ab", "detcost"))  # ab needs OLD_TREE; detcost: 4 starts
 OLD_TREE = Path(".old/base")  # a checkout of the commit to compare with (w2ab), if present
 
 def section_first(out: dict, log_dir: Path) -> None:
