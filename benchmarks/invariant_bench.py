@@ -6,7 +6,9 @@ row count and split of K: which split each weight shape should take (--determini
 Every figure is a CUDA graph's replay (triton.testing.do_bench_cudagraph), as the server runs
 decode steps: eager launches measure the host at few rows (Runs AD). Prints per shape and M: cuBLAS µs; the invariant kernel's µs as the model runs it (`auto`: the
 shape's split_for and M's launch), with no split, and with split_k 2..16 through the range sums
-apart; the weight-read floor at 4.8 TB/s (the H200's; an H100 has 3.35)."""
+apart; the weight-read floor at 4.8 TB/s (the H200's; an H100 has 3.35). Then, at 64 rows and
+more, each candidate output tile (gemm_invariant.TILES) with the shape's split: µs, and whether
+its output has the default tile's bits (a tile may serve some M only if it does)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ SPLITS = (1, 2, 4, 8, 16)
 def main() -> None:
     import triton.testing
 
-    from kernels.gemm_invariant import linear_invariant_triton
+    from kernels.gemm_invariant import TILES, linear_invariant_triton
 
     p = argparse.ArgumentParser()
     p.add_argument("--json")
@@ -44,6 +46,15 @@ def main() -> None:
             print(f"{name:8s} m={m:5d} floor {row['floor_us']:7.1f} cublas {row['cublas_us']:7.1f} "
                   f"auto {row['auto_us']:7.1f} | " + " ".join(f"s{s} {row[f'split{s}_us']:7.1f}" for s in SPLITS),
                   flush=True)
+            if m >= 64:
+                ref = linear_invariant_triton(x, w)
+                cells = []
+                for tname, tile in TILES.items():
+                    same = torch.equal(linear_invariant_triton(x, w, tile=tile), ref)
+                    us = 1e3 * triton.testing.do_bench_cudagraph(lambda: linear_invariant_triton(x, w, tile=tile))
+                    row[f"tile_{tname}"] = {"us": us, "same_bits": same}
+                    cells.append(f"{tname} {us:7.1f}{'' if same else ' DIFFERS'}")
+                print(f"{name:8s} m={m:5d} tiles | " + " | ".join(cells), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -21,6 +21,7 @@ The reference is `reference.linear_invariant_reference` (docs/deterministic.md).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -28,9 +29,26 @@ import triton.language as tl
 
 from kernels._checks import check_same_device, check_tensor
 
-BLOCK_M, BLOCK_N, BLOCK_K = 64, 128, 64  # one configuration for every M: the invariance
+BLOCK_K = 64  # K's tile: fixed (ranges are counted in it)
 GROUP_M = 8  # programs walk GROUP_M row tiles per column band (L2 reuse; no effect on values)
-NUM_WARPS, NUM_STAGES = 4, 3
+
+
+class Tile(NamedTuple):
+    """An output tile and its launch shape. Each element is summed over the same BLOCK_K tiles by
+    the same tl.dot k-steps whatever the tile, so tiles may differ in bits only where the GPU's
+    MMA instructions do: a tile is used for some M only once the GPU run of
+    benchmarks/invariant_bench.py and tests/kernels/test_batch_invariant.py shows it gives TILE's
+    bits."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+TILE = Tile(64, 128, 4, 3)  # every M: the invariance
+TILES = {"64x128": TILE, "128x128w8": Tile(128, 128, 8, 3), "128x256w8": Tile(128, 256, 8, 3),
+         "128x128w4": Tile(128, 128, 4, 3)}  # candidates measured by benchmarks/invariant_bench.py
+BLOCK_M, BLOCK_N = TILE.block_m, TILE.block_n
 MAX_SPLIT_K = 16
 MIN_RANGE_TILES = 4  # K tiles a range holds at least (split_for)
 PROGRAMS_PER_SM = 2  # split_for fills the GPU with this many programs a SM at one row tile
@@ -131,11 +149,12 @@ def split_for(n: int, k: int, num_sms: int) -> int:
 
 def linear_invariant_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                             out: torch.Tensor | None = None, split_k: int | None = None,
-                            partials: bool | None = None) -> torch.Tensor:
+                            partials: bool | None = None, tile: Tile = TILE) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N] in x's dtype, or written into `out`
     ([M, N] with M = x's rows, any float dtype: one rounding from fp32). split_k: K's ranges
     (None: split_for the weight's shape on this GPU); partials: the launch (None: the range
-    sums apart when one program a tile would leave SMs idle) — the same bits either way."""
+    sums apart when one program a tile would leave SMs idle) — the same bits either way;
+    tile: the output tile (TILES: candidates, benchmarks only until shown to give TILE's bits)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     check_tensor("x", x2, 2)
@@ -161,7 +180,7 @@ def linear_invariant_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     split_k = split_for(n, k, num_sms) if split_k is None else split_k
     if not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"split_k must be in [1, {MAX_SPLIT_K}], got {split_k}")
-    tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
+    tiles = triton.cdiv(m, tile.block_m) * triton.cdiv(n, tile.block_n)
     partials = split_k > 1 and tiles < num_sms if partials is None else partials and split_k > 1
     if m and n:
         range_tiles = triton.cdiv(triton.cdiv(k, BLOCK_K), split_k)  # (the last range may be short or empty)
@@ -171,8 +190,8 @@ def linear_invariant_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
             x2, weight, dummy, target, m, n, k, range_tiles,
             x2.stride(0), weight.stride(0), target.stride(-2), target.stride(0) if partials else 0,
             SPLIT_K=split_k, PARTIALS=partials, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
+            num_warps=tile.num_warps, num_stages=tile.num_stages)
         if partials:
             _sum_ranges_kernel[(m, triton.cdiv(n, SUM_BLOCK))](
                 target, dummy, out, m, n, target.stride(0), out.stride(0),
