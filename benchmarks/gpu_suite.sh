@@ -21,6 +21,13 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
+# The built-in GGUF is over what one call carries (64 MiB): a call carrying .gguf/part00 keeps it in
+# /tmp; the next call on the same warm machine, carrying .gguf/part01, joins the two.
+[ -f .gguf/part00 ] && cp .gguf/part00 /tmp/smollm2.gguf.part00
+[ -f .gguf/part01 ] && [ -f /tmp/smollm2.gguf.part00 ] && cat /tmp/smollm2.gguf.part00 .gguf/part01 > /tmp/smollm2.gguf
+if [ -z "${LLMSERVE_SMOLLM2_GGUF:-}" ] && [ -f /tmp/smollm2.gguf ]; then
+  export LLMSERVE_SMOLLM2_GGUF=/tmp/smollm2.gguf
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton, transformers, grpc, google.protobuf as pb; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'grpcio', grpc.__version__, 'protobuf', pb.__version__)"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
