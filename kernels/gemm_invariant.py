@@ -79,7 +79,11 @@ def _linear_invariant_kernel(
     stride_xm, stride_wn, stride_om, stride_or,
     SPLIT_K: tl.constexpr, PARTIALS: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # a programmatic dependent launch (kernels/skinny_gemm.py): x is visible past here
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -117,8 +121,12 @@ def _linear_invariant_kernel(
 
 @triton.jit(do_not_specialize=["M"])
 def _sum_ranges_kernel(part_ptr, bias_ptr, out_ptr, M, N, stride_pr, stride_om,
-                       SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+                       SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+                       USE_PDL: tl.constexpr = False):
     """out[m, n] = ((range 0 + range 1) + ...) + bias, then one rounding."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -149,12 +157,13 @@ def split_for(n: int, k: int, num_sms: int) -> int:
 
 def linear_invariant_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                             out: torch.Tensor | None = None, split_k: int | None = None,
-                            partials: bool | None = None, tile: Tile = TILE) -> torch.Tensor:
+                            partials: bool | None = None, tile: Tile = TILE, pdl: bool = False) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N] in x's dtype, or written into `out`
     ([M, N] with M = x's rows, any float dtype: one rounding from fp32). split_k: K's ranges
     (None: split_for the weight's shape on this GPU); partials: the launch (None: the range
     sums apart when one program a tile would leave SMs idle) — the same bits either way;
-    tile: the output tile (TILES: candidates, benchmarks only until shown to give TILE's bits)."""
+    tile: the output tile (TILES: candidates, benchmarks only until shown to give TILE's bits);
+    pdl: both launches as programmatic dependent launches (Hopper; the same bits)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     check_tensor("x", x2, 2)
@@ -186,14 +195,15 @@ def linear_invariant_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
         range_tiles = triton.cdiv(triton.cdiv(k, BLOCK_K), split_k)  # (the last range may be short or empty)
         dummy = bias if bias is not None else weight
         target = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if partials else out
+        launch = {"launch_pdl": True} if pdl else {}  # (the interpreter takes no launch_pdl)
         _linear_invariant_kernel[(tiles, split_k if partials else 1)](
             x2, weight, dummy, target, m, n, k, range_tiles,
             x2.stride(0), weight.stride(0), target.stride(-2), target.stride(0) if partials else 0,
             SPLIT_K=split_k, PARTIALS=partials, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
-            num_warps=tile.num_warps, num_stages=tile.num_stages)
+            USE_PDL=pdl, num_warps=tile.num_warps, num_stages=tile.num_stages, **launch)
         if partials:
             _sum_ranges_kernel[(m, triton.cdiv(n, SUM_BLOCK))](
                 target, dummy, out, m, n, target.stride(0), out.stride(0),
-                SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, num_warps=4)
+                SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK, USE_PDL=pdl, num_warps=4, **launch)
     return result if shape is None else result.reshape(shape)

@@ -55,10 +55,13 @@ def silu_and_mul_for(linear: nn.Module, gate_up: torch.Tensor):
 class InvariantLinear(nn.Linear):
     """nn.Linear (same parameters, same loading) whose output rows are each computed alone
     in effect: kernels.linear_invariant, one tile configuration for every row count
-    (--deterministic, docs/deterministic.md)."""
+    (--deterministic, docs/deterministic.md). pdl: launched as programmatic dependent launches
+    (set by the model with --pdl)."""
+
+    pdl = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_invariant(x, self.weight, self.bias)
+        return linear_invariant(x, self.weight, self.bias, pdl=self.pdl)
 
 
 class RMSNorm(nn.Module):

@@ -234,6 +234,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = linear(args.hidden_size, self.embed_tokens.num_embeddings, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        for module in self.modules():  # --deterministic's GEMMs: dependent launches with --pdl
+            if isinstance(module, layers.InvariantLinear):
+                module.pdl = pdl
         cache = layers.rope_cos_sin_cache(args.head_dim, args.rope_max_positions or args.max_position_embeddings,
                                           args.rope_theta, args.rope_scaling, args.max_position_embeddings)
         # [max_pos, D] float32; a plain attribute, so that model.to(dtype) leaves it in float32
@@ -262,6 +265,6 @@ class LlamaForCausalLM(nn.Module):
             return logits if out is not None else logits.float()
         if out is not None:
             if self.batch_invariant:
-                return layers.linear_invariant(hidden, self.lm_head.weight, out=out)
+                return layers.linear_invariant(hidden, self.lm_head.weight, out=out, pdl=self.pdl)
             return torch.matmul(hidden, self.lm_head.weight.t(), out=out)
         return self.lm_head(hidden).float()

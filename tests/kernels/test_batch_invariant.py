@@ -167,3 +167,29 @@ def test_the_attention_reference_is_invariant_too(window):
         window or None), rtol=1e-5, atol=1e-5)
     if DEVICE == "cpu":
         _check_token_views(cpu, window, prefill)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not (ON_CUDA and torch.cuda.get_device_capability()[0] >= 9),
+                    reason="needs CUDA, compute capability 9.0+")
+def test_pdl_launches_chained_in_a_graph_give_the_plain_bits():
+    """Two GEMMs, the second reading the first's output, as programmatic dependent launches
+    captured in a CUDA graph (the model's use): the eager plain launches' bits, through both
+    launches (1 row: the range sums apart; 512 rows: one program a tile)."""
+    from kernels.gemm_invariant import linear_invariant_triton
+
+    w, b = _weights()
+    for m in (1, 512):
+        x = _rows(m, 11)
+        want = linear_invariant_triton(linear_invariant_triton(x, w, b)[:, :K], w, b)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):  # compile off the capture
+            linear_invariant_triton(linear_invariant_triton(x, w, b, pdl=True)[:, :K], w, b, pdl=True)
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = linear_invariant_triton(linear_invariant_triton(x, w, b, pdl=True)[:, :K], w, b, pdl=True)
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(got, want), m
