@@ -8,7 +8,7 @@ decode steps: eager launches measure the host at few rows (Runs AD). Prints per 
 shape's split_for and M's launch), with no split, and with split_k 2..16 through the range sums
 apart; the weight-read floor at 4.8 TB/s (the H200's; an H100 has 3.35). Then, at 64 rows and
 more, each candidate output tile (gemm_invariant.TILES) with the shape's split: µs, and whether
-its output has the default tile's bits (a tile may serve some M only if it does)."""
+its output has TILE's bits (a tile may serve some M only if it does)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ SPLITS = (1, 2, 4, 8, 16)
 def main() -> None:
     import triton.testing
 
-    from kernels.gemm_invariant import TILES, linear_invariant_triton
+    from kernels.gemm_invariant import TILE, TILES, linear_invariant_triton
 
     p = argparse.ArgumentParser()
     p.add_argument("--json")
@@ -47,7 +47,7 @@ def main() -> None:
                   f"auto {row['auto_us']:7.1f} | " + " ".join(f"s{s} {row[f'split{s}_us']:7.1f}" for s in SPLITS),
                   flush=True)
             if m >= 64:
-                ref = linear_invariant_triton(x, w)
+                ref = linear_invariant_triton(x, w, tile=TILE)
                 cells = []
                 for tname, tile in TILES.items():
                     same = torch.equal(linear_invariant_triton(x, w, tile=tile), ref)

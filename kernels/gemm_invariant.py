@@ -15,6 +15,8 @@ Two launches compute exactly that, and M picks between them (allowed: the bits a
   (a decode step's GEMV), at the cost of writing and reading the partials.
 - many rows: one program per tile walks every range in order, keeping the running total and the
   current range's sum in registers (no partials).
+The output tile may change with M too (TILE_MANY from MANY_ROWS rows): an element is summed by
+the same tl.dot k-steps whatever the tile, and the GPU test checks every tile gives the same bits.
 The reference is `reference.linear_invariant_reference` (docs/deterministic.md).
 """
 
@@ -36,17 +38,21 @@ GROUP_M = 8  # programs walk GROUP_M row tiles per column band (L2 reuse; no eff
 class Tile(NamedTuple):
     """An output tile and its launch shape. Each element is summed over the same BLOCK_K tiles by
     the same tl.dot k-steps whatever the tile, so tiles may differ in bits only where the GPU's
-    MMA instructions do: a tile is used for some M only once the GPU run of
-    benchmarks/invariant_bench.py and tests/kernels/test_batch_invariant.py shows it gives TILE's
-    bits."""
+    MMA instructions do: a tile serves some M only once the GPU shows it gives TILE's bits
+    (benchmarks/invariant_bench.py; tests/kernels/test_batch_invariant.py)."""
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
 
 
-TILE = Tile(64, 128, 4, 3)  # every M: the invariance
-TILES = {"64x128": TILE, "128x128w8": Tile(128, 128, 8, 3), "128x256w8": Tile(128, 256, 8, 3),
+TILE = Tile(64, 128, 4, 3)  # fewer than MANY_ROWS rows
+# MANY_ROWS rows and more: 128-row tiles, two warp groups. On the H100 (docs/benchmarks.md, Runs AE)
+# every tile of TILES gave TILE's bits on llama-1b's five weight shapes at 64, 256 and 2,048 rows;
+# this one, at 256 and 2,048 rows, from 2% slower (qkv at 2,048) to 26% faster (lm_head at 2,048:
+# 2,930 -> 2,164 µs), and slower at 64 rows.
+TILE_MANY, MANY_ROWS = Tile(128, 128, 8, 3), 256
+TILES = {"64x128": TILE, "128x128w8": TILE_MANY, "128x256w8": Tile(128, 256, 8, 3),
          "128x128w4": Tile(128, 128, 4, 3)}  # candidates measured by benchmarks/invariant_bench.py
 BLOCK_M, BLOCK_N = TILE.block_m, TILE.block_n
 MAX_SPLIT_K = 16
@@ -157,12 +163,12 @@ def split_for(n: int, k: int, num_sms: int) -> int:
 
 def linear_invariant_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                             out: torch.Tensor | None = None, split_k: int | None = None,
-                            partials: bool | None = None, tile: Tile = TILE, pdl: bool = False) -> torch.Tensor:
+                            partials: bool | None = None, tile: Tile | None = None, pdl: bool = False) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N] in x's dtype, or written into `out`
     ([M, N] with M = x's rows, any float dtype: one rounding from fp32). split_k: K's ranges
     (None: split_for the weight's shape on this GPU); partials: the launch (None: the range
     sums apart when one program a tile would leave SMs idle) — the same bits either way;
-    tile: the output tile (TILES: candidates, benchmarks only until shown to give TILE's bits);
+    tile: the output tile (None: TILE_MANY from MANY_ROWS rows, else TILE; TILES: candidates);
     pdl: both launches as programmatic dependent launches (Hopper; the same bits)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
@@ -189,6 +195,8 @@ def linear_invariant_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     split_k = split_for(n, k, num_sms) if split_k is None else split_k
     if not 1 <= split_k <= MAX_SPLIT_K:
         raise ValueError(f"split_k must be in [1, {MAX_SPLIT_K}], got {split_k}")
+    if tile is None:
+        tile = TILE_MANY if m >= MANY_ROWS else TILE
     tiles = triton.cdiv(m, tile.block_m) * triton.cdiv(n, tile.block_n)
     partials = split_k > 1 and tiles < num_sms if partials is None else partials and split_k > 1
     if m and n:

@@ -193,3 +193,22 @@ def test_pdl_launches_chained_in_a_graph_give_the_plain_bits():
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(got, want), m
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not ON_CUDA, reason="a property of the GPU's MMA instructions (the interpreter's "
+                    "tl.dot is a numpy matmul, whose blocking changes with the tile's shape)")
+@pytest.mark.parametrize("bias", [True, False])
+def test_every_tile_gives_the_same_bits(bias):
+    """The launch picks its output tile by M (TILE, TILE_MANY from MANY_ROWS rows): every
+    candidate tile must give TILE's bits, with a split, through both launches."""
+    from kernels.gemm_invariant import TILE, TILES, linear_invariant_triton
+
+    w, b = _weights(bias=bias)
+    for m in (64, 300, 2048):
+        x = _rows(m, 20 + m)
+        for partials in (False, True):
+            want = linear_invariant_triton(x, w, b, split_k=4, partials=partials, tile=TILE)
+            for name, tile in TILES.items():
+                got = linear_invariant_triton(x, w, b, split_k=4, partials=partials, tile=tile)
+                assert torch.equal(got, want), (name, m, partials)
