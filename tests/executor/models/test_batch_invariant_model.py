@@ -1,5 +1,6 @@
 """--deterministic on the model (models/llama.py, batch_invariant=True): a sequence's logits are
-bit for bit the same computed as one prefill, as a chunked prefill, token by token as decode
+bit for bit the same computed as one prefill, as a chunked prefill (chunks of 3, 16, 17 and
+32 tokens), token by token as decode
 steps, and beside other requests in mixed and decode steps; and they stay close to the default
 mode's. Every architecture (tiny-mistral: a sliding window). CPU float32 always; CUDA bfloat16
 where there is a GPU (the Triton kernels: kernels/gemm_invariant.py, attention_prefill.py)."""
@@ -64,9 +65,10 @@ def test_a_sequence_has_the_same_logits_however_it_is_batched(arch, device, dtyp
 
     whole = Runner(model, dtype, device).step([(a, 0, SEQ)], ids)
 
-    r = Runner(model, dtype, device)  # chunked prefill
-    chunked = torch.cat([r.step([(a, 0, 17)], ids[:17]), r.step([(a, 17, SEQ - 17)], ids[17:])])
-    assert torch.equal(chunked, whole)
+    for size in (3, 16, 17, 32):  # chunked prefill at several chunk sizes (a block's, and across blocks)
+        r = Runner(model, dtype, device)
+        chunked = torch.cat([r.step([(a, p, min(size, SEQ - p))], ids[p:p + size]) for p in range(0, SEQ, size)])
+        assert torch.equal(chunked, whole), size
 
     r = Runner(model, dtype, device)  # prefill of 30, then decode steps, beside another request's
     r.step([(b, 0, 25)], other[:25])
