@@ -7,8 +7,9 @@ Every figure is a CUDA graph's replay (triton.testing.do_bench_cudagraph), as th
 decode steps: eager launches measure the host at few rows (Runs AD). Prints per shape and M: cuBLAS µs; the invariant kernel's µs as the model runs it (`auto`: the
 shape's split_for and M's launch), with no split, and with split_k 2..16 through the range sums
 apart; the weight-read floor at 4.8 TB/s (the H200's; an H100 has 3.35). Then, at 64 rows and
-more, each candidate output tile (gemm_invariant.TILES) with the shape's split: µs, and whether
-its output has TILE's bits (a tile may serve some M only if it does)."""
+more, each candidate output tile (gemm_invariant.TILES) with the shape's split through each
+launch (one program a tile walking the ranges; the range sums apart): µs, and whether its output
+has TILE's bits (a tile may serve some M only if it does)."""
 
 from __future__ import annotations
 
@@ -46,14 +47,18 @@ def main() -> None:
             print(f"{name:8s} m={m:5d} floor {row['floor_us']:7.1f} cublas {row['cublas_us']:7.1f} "
                   f"auto {row['auto_us']:7.1f} | " + " ".join(f"s{s} {row[f'split{s}_us']:7.1f}" for s in SPLITS),
                   flush=True)
-            if m >= 64:
+            if m >= 64:  # each tile through each launch (one program a tile; the range sums apart)
                 ref = linear_invariant_triton(x, w, tile=TILE)
                 cells = []
                 for tname, tile in TILES.items():
-                    same = torch.equal(linear_invariant_triton(x, w, tile=tile), ref)
-                    us = 1e3 * triton.testing.do_bench_cudagraph(lambda: linear_invariant_triton(x, w, tile=tile))
-                    row[f"tile_{tname}"] = {"us": us, "same_bits": same}
-                    cells.append(f"{tname} {us:7.1f}{'' if same else ' DIFFERS'}")
+                    for launch, partials in (("one", False), ("sums", True)):
+                        if partials and m * n * 4 * 16 > 2**31:
+                            continue
+                        same = torch.equal(linear_invariant_triton(x, w, tile=tile, partials=partials), ref)
+                        us = 1e3 * triton.testing.do_bench_cudagraph(
+                            lambda: linear_invariant_triton(x, w, tile=tile, partials=partials))
+                        row[f"tile_{tname}_{launch}"] = {"us": us, "same_bits": same}
+                        cells.append(f"{tname} {launch} {us:7.1f}{'' if same else ' DIFFERS'}")
                 print(f"{name:8s} m={m:5d} tiles | " + " | ".join(cells), flush=True)
     if args.json:
         with open(args.json, "w") as f:
