@@ -4,7 +4,7 @@ cuBLAS picks its algorithm, tiles and split-K from the row count M, so a row's r
 on how many rows share its step (issue 28). Here an element is always summed the same way for a
 given weight: K's tiles (BLOCK_K wide) fall into `split_k` consecutive ranges (split_for: a
 function of the weight's shape and the GPU, never of M); each range is summed from zero in
-order by `tl.dot` with fp32 accumulation (BLOCK_M x BLOCK_N tiles, one instruction shape); the
+order by `tl.dot` with fp32 accumulation (BLOCK_K-deep steps; the output tile: below); the
 range sums are added in order, ((r0 + r1) + r2) + ..., then the bias, then one rounding to the
 output dtype. An element reads only its row of x and its row of w, through the same
 instructions, whichever other rows share its tile (`M` is not specialized).
@@ -54,7 +54,7 @@ TILE = Tile(64, 128, 4, 3)  # fewer than MANY_ROWS rows
 TILE_MANY, MANY_ROWS = Tile(128, 128, 8, 3), 256
 TILES = {"64x128": TILE, "128x128w8": TILE_MANY, "128x256w8": Tile(128, 256, 8, 3),
          "128x128w4": Tile(128, 128, 4, 3)}  # candidates measured by benchmarks/invariant_bench.py
-BLOCK_M, BLOCK_N = TILE.block_m, TILE.block_n
+BLOCK_N = TILE.block_n  # split_for counts one row tile's programs in TILE's columns
 MAX_SPLIT_K = 16
 MIN_RANGE_TILES = 4  # K tiles a range holds at least (split_for)
 PROGRAMS_PER_SM = 2  # split_for fills the GPU with this many programs a SM at one row tile

@@ -54,8 +54,8 @@ def silu_and_mul_for(linear: nn.Module, gate_up: torch.Tensor):
 
 class InvariantLinear(nn.Linear):
     """nn.Linear (same parameters, same loading) whose output rows are each computed alone
-    in effect: kernels.linear_invariant, one tile configuration for every row count
-    (--deterministic, docs/deterministic.md). pdl: launched as programmatic dependent launches
+    in effect: kernels.linear_invariant, every element summed the same way whatever the row
+    count (--deterministic, docs/deterministic.md). pdl: launched as programmatic dependent launches
     (set by the model with --pdl)."""
 
     pdl = False
