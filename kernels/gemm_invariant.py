@@ -62,21 +62,47 @@ SUM_BLOCK = 1024  # columns a program of the ranges' sum adds
 
 
 @triton.jit
+def _tile_dot(acc, x_rows, w_rows, m_mask, n_mask, K, k0, IEEE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc + the K tile at k0: [BLOCK_M, BLOCK_N] fp32."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    k_mask = k < K
+    a = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+    b = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+    if IEEE:  # float32 operands: full-precision products (not TF32)
+        return tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+    return tl.dot(a, tl.trans(b), acc)
+
+
+@triton.jit
 def _range_sum(x_rows, w_rows, m_mask, n_mask, K, k_first, k_end,
                IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One range of K's tiles summed from zero, in order: [BLOCK_M, BLOCK_N] fp32."""
-    offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_first, k_end, BLOCK_K):
-        k = k0 + offs_k
-        k_mask = k < K
-        a = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        if IEEE:  # float32 operands: full-precision products (not TF32)
-            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(b), acc)
+        acc = _tile_dot(acc, x_rows, w_rows, m_mask, n_mask, K, k0, IEEE, BLOCK_K)
     return acc
+
+
+@triton.jit
+def _folded_ranges(x_rows, w_rows, m_mask, n_mask, K, range_tiles, SPLIT_K: tl.constexpr,
+                   IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Every range in order as one K loop (one software pipeline, not one a range): a range's
+    sum, from zero, folds into the total at its last tile — the first is the total, the next are
+    added — then + 0.0 for the empty ranges the range sums add too: their bits exactly."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for t in range(0, k_tiles):
+        acc = _tile_dot(acc, x_rows, w_rows, m_mask, n_mask, K, t * BLOCK_K, IEEE, BLOCK_K)
+        if ((t + 1) % range_tiles == 0) | (t == k_tiles - 1):
+            if t < range_tiles:
+                total = acc
+            else:
+                total = total + acc
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if tl.cdiv(k_tiles, range_tiles) < SPLIT_K:
+        total = total + 0.0
+    return total
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -85,7 +111,7 @@ def _linear_invariant_kernel(
     stride_xm, stride_wn, stride_om, stride_or,
     SPLIT_K: tl.constexpr, PARTIALS: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, FOLD: tl.constexpr = False,
 ):
     if USE_PDL:  # a programmatic dependent launch (kernels/skinny_gemm.py): x is visible past here
         tl.extra.cuda.gdc_wait()
@@ -111,6 +137,11 @@ def _linear_invariant_kernel(
         total = _range_sum(x_rows, w_rows, m_mask, n_mask, K, r * span, tl.minimum(r * span + span, K),
                            IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
         out_ptr += r.to(tl.int64) * stride_or
+    elif FOLD:  # (benchmarks/invariant_bench.py until measured faster)
+        total = _folded_ranges(x_rows, w_rows, m_mask, n_mask, K, range_tiles, SPLIT_K,
+                               IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     else:  # every range in order, added as _sum_ranges_kernel adds them: ((r0 + r1) + r2) + ...
         total = _range_sum(x_rows, w_rows, m_mask, n_mask, K, 0, tl.minimum(span, K),
                            IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -163,13 +194,15 @@ def split_for(n: int, k: int, num_sms: int) -> int:
 
 def linear_invariant_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                             out: torch.Tensor | None = None, split_k: int | None = None,
-                            partials: bool | None = None, tile: Tile | None = None, pdl: bool = False) -> torch.Tensor:
+                            partials: bool | None = None, tile: Tile | None = None, pdl: bool = False,
+                            fold: bool = False) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T (+ bias [N]) -> [..., N] in x's dtype, or written into `out`
     ([M, N] with M = x's rows, any float dtype: one rounding from fp32). split_k: K's ranges
     (None: split_for the weight's shape on this GPU); partials: the launch (None: the range
     sums apart when one program a tile would leave SMs idle) — the same bits either way;
     tile: the output tile (None: TILE_MANY from MANY_ROWS rows, else TILE; TILES: candidates);
-    pdl: both launches as programmatic dependent launches (Hopper; the same bits)."""
+    pdl: both launches as programmatic dependent launches (Hopper; the same bits); fold: the
+    one-program launch as one K loop (_folded_ranges; benchmarks only until measured)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     check_tensor("x", x2, 2)
@@ -209,7 +242,7 @@ def linear_invariant_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
             x2.stride(0), weight.stride(0), target.stride(-2), target.stride(0) if partials else 0,
             SPLIT_K=split_k, PARTIALS=partials, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
-            USE_PDL=pdl, num_warps=tile.num_warps, num_stages=tile.num_stages, **launch)
+            USE_PDL=pdl, FOLD=fold, num_warps=tile.num_warps, num_stages=tile.num_stages, **launch)
         if partials:
             _sum_ranges_kernel[(m, triton.cdiv(n, SUM_BLOCK))](
                 target, dummy, out, m, n, target.stride(0), out.stride(0),

@@ -47,7 +47,8 @@ def _weights(dtype=DTYPE, bias=True):
 @pytest.mark.parametrize("bias,split_k", [(True, 1), (False, 1), (True, 3), (False, None)])  # 3: a short, an empty range
 def test_a_gemm_row_is_the_same_in_every_batch(bias, split_k):
     """Alone through the range sums apart (the launch of few rows), in batches through either
-    launch: M picks the launch (split_k None: the shape's split and M's launch, as the model)."""
+    launch, the one-program launch also folded into one K loop: M picks the launch (split_k
+    None: the shape's split and M's launch, as the model)."""
     from kernels.gemm_invariant import linear_invariant_triton
 
     w, b = _weights(bias=bias)
@@ -58,8 +59,9 @@ def test_a_gemm_row_is_the_same_in_every_batch(bias, split_k):
         batch = _rows(m, 100 + m)
         at = (37 * m) % m
         batch[at] = row[0]
-        partials = None if split_k is None else i % 2 == 0
-        out = linear_invariant_triton(batch, w, b, split_k=split_k, partials=partials)
+        partials = None if split_k is None else i % 3 == 0
+        fold = split_k is not None and i % 3 == 2  # the one-program launch as one K loop
+        out = linear_invariant_triton(batch, w, b, split_k=split_k, partials=partials, fold=fold)
         assert torch.equal(out[at], alone[0]), f"row {at} of {m} differs from the row alone"
         assert rel_err(out, ref.linear_invariant_reference(batch, w, b)) < 1e-2
 
@@ -212,3 +214,21 @@ def test_every_tile_gives_the_same_bits(bias):
             for name, tile in TILES.items():
                 got = linear_invariant_triton(x, w, b, split_k=4, partials=partials, tile=tile)
                 assert torch.equal(got, want), (name, m, partials)
+
+
+@triton_test
+@pytest.mark.parametrize("split_k", [3, 4, 5])  # 7 K tiles: ranges of 3,3,1 / 2,2,2,1 / 2,2,2,1,0
+def test_the_three_launches_give_the_same_bits(split_k):
+    """The range sums apart, one program walking the ranges, and that program's ranges folded
+    into one K loop: the same bits, with short and empty last ranges."""
+    from kernels.gemm_invariant import linear_invariant_triton
+
+    k = 7 * 64
+    x = _rows(5, 31, k=k)
+    w = (torch.randn(N, k, generator=torch.Generator().manual_seed(8)) * 0.05).to(DTYPE).to(DEVICE)
+    def run(**launch):  # into fp32: the sums' bits before the rounding to x's dtype
+        return linear_invariant_triton(x, w, out=torch.empty(5, N, device=DEVICE), split_k=split_k, **launch)
+
+    want = run(partials=True)
+    assert torch.equal(run(partials=False), want)
+    assert torch.equal(run(partials=False, fold=True), want)
