@@ -31,7 +31,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton, transformers, grpc, google.protobuf as pb; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'grpcio', grpc.__version__, 'protobuf', pb.__version__)"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  # The fast CUDA tier (-m "cuda and not cuda_slow", <= 4 minutes) in CUDA_WORKERS pytest-xdist
+  # The fast CUDA tier (-m "cuda and not cuda_slow": ~3 minutes warm, over 5 on a fresh machine while Triton compiles) in CUDA_WORKERS pytest-xdist
   # workers sharing the GPU (one process without xdist); CUDA_SLOW=1 then runs the cuda_slow tier
   # too (the whole set took ~14 minutes in one process). TESTS=<paths>: the CUDA tests of those only.
   parallel=""
