@@ -1,12 +1,12 @@
 """Fused per-layer attention prologue in Triton: [q/k RMSNorm] + rotary + KV-cache write, one launch.
 
 Input is the fused qkv projection `[T, (Hq + 2 * Hk) * D]`: per token, Hq query heads, then Hk key
-heads, then Hk value heads, each D wide. Grid `(T, Hq + Hk)`: program (t, h) handles head h of
-token t, where h < Hq is a query head and h >= Hq is key head h - Hq (together with its value
-head). A query program optionally RMS-normalises the head (Qwen3's q_norm), rotates it and
-stores it into the new contiguous q `[T, Hq, D]`; a key program skips everything when the token's
-slot is negative, otherwise optionally normalises (k_norm), rotates and stores the key, and
-copies the value, into the paged cache. qkv itself is never modified.
+heads, then Hk value heads, each D wide. Grid `(T, 2)`: program (t, 0) takes every query head of
+token t as one [Hq, D/2] tile pair, optionally RMS-normalises each head (Qwen3's q_norm), rotates
+them and stores them into the new contiguous q `[T, Hq, D]`; program (t, 1) skips everything when
+the token's slot is negative, otherwise does the same for the Hk key heads (k_norm) and copies the
+value heads, into the paged cache. qkv itself is never modified. (A program a head, 40 one-warp
+programs a llama-1b token, took 7.5 µs a launch at 256 tokens: issue 27's profiles.)
 
 Math in float32. The normalised head is rounded to the input dtype before the rotation, exactly
 as the unfused sequence (rms_norm, then rotary_embedding) holds it in memory. An FP8 cache
@@ -32,14 +32,27 @@ from kernels.cache import quantize_fp8
 
 
 @triton.jit
-def _rms_norm_head(x1, x2, weight_ptr, i1, i2, eps, HEAD_DIM: tl.constexpr, OUT_DTYPE: tl.constexpr):
-    """RMSNorm of one head given as its two rotary halves (float32); result rounded to OUT_DTYPE."""
-    inv_rms = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / HEAD_DIM + eps)
-    w1 = tl.load(weight_ptr + i1).to(tl.float32)
-    w2 = tl.load(weight_ptr + i2).to(tl.float32)
+def _rms_norm_heads(x1, x2, weight_ptr, i1, i2, eps, HEAD_DIM: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """RMSNorm of each head (a row of [heads, D/2] halves, float32); the result rounded to OUT_DTYPE."""
+    inv_rms = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM + eps)[:, None]
+    w1 = tl.load(weight_ptr + i1).to(tl.float32)[None, :]
+    w2 = tl.load(weight_ptr + i2).to(tl.float32)[None, :]
     y1 = (x1 * inv_rms * w1).to(OUT_DTYPE).to(tl.float32)
     y2 = (x2 * inv_rms * w2).to(OUT_DTYPE).to(tl.float32)
     return y1, y2
+
+
+@triton.jit
+def _load_heads(row, first, heads, mask, i1, i2, norm_ptr, eps, HAS_NORM: tl.constexpr,
+                HEAD_DIM: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """Heads first + heads of one qkv row as their two rotary halves [heads, D/2], float32,
+    [RMS-normalised and rounded]."""
+    src = row + (first + heads)[:, None] * HEAD_DIM
+    x1 = tl.load(src + i1[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + i2[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        x1, x2 = _rms_norm_heads(x1, x2, norm_ptr, i1, i2, eps, HEAD_DIM, OUT_DTYPE)
+    return x1, x2
 
 
 @triton.jit
@@ -49,6 +62,7 @@ def _rotary_write_kv_kernel(
     stride_qkv, stride_cos_sin, stride_q_out, stride_cb, stride_cs, stride_ch,
     eps,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    Q_PAD: tl.constexpr, KV_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, IS_NEOX: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
     FP8: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
@@ -56,7 +70,6 @@ def _rotary_write_kv_kernel(
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     tok = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
     dtype = qkv_ptr.dtype.element_ty
     HALF: tl.constexpr = HEAD_DIM // 2
     offs_i = tl.arange(0, HALF)
@@ -68,44 +81,40 @@ def _rotary_write_kv_kernel(
         i2 = 2 * offs_i + 1
 
     pos = tl.load(positions_ptr + tok).to(tl.int64)
-    cos = tl.load(cos_sin_ptr + pos * stride_cos_sin + offs_i).to(tl.float32)
-    sin = tl.load(cos_sin_ptr + pos * stride_cos_sin + HALF + offs_i).to(tl.float32)
-    # q heads then k heads are back to back in a qkv row: head h starts at h * HEAD_DIM.
-    src = qkv_ptr + tok * stride_qkv + head * HEAD_DIM
-
-    if head < NUM_HEADS:
-        x1 = tl.load(src + i1).to(tl.float32)
-        x2 = tl.load(src + i2).to(tl.float32)
-        if HAS_Q_NORM:
-            x1, x2 = _rms_norm_head(x1, x2, q_norm_ptr, i1, i2, eps, HEAD_DIM, dtype)
-        dst = q_out_ptr + tok * stride_q_out + head * HEAD_DIM
-        tl.store(dst + i1, tl.fma(x1, cos, -(x2 * sin)).to(dtype))  # (explicit FMAs: below)
-        tl.store(dst + i2, tl.fma(x1, sin, x2 * cos).to(dtype))
-    else:
+    cos = tl.load(cos_sin_ptr + pos * stride_cos_sin + offs_i).to(tl.float32)[None, :]
+    sin = tl.load(cos_sin_ptr + pos * stride_cos_sin + HALF + offs_i).to(tl.float32)[None, :]
+    # q heads, k heads, v heads back to back in a qkv row: head h starts at h * HEAD_DIM
+    row = qkv_ptr + tok * stride_qkv
+    # x1 cos - x2 sin and x2 cos + x1 sin with explicit FMAs: what LLVM's contraction made of the
+    # plain expressions (Triton 3.6, sm_90 PTX compared), pinned so that the fused rope epilogue
+    # (kernels/skinny_rope.py) rounds as this kernel does whatever the contraction
+    if tl.program_id(1) == 0:  # every query head of the token
+        heads = tl.arange(0, Q_PAD)
+        mask = (heads < NUM_HEADS)[:, None]
+        x1, x2 = _load_heads(row, 0, heads, mask, i1, i2, q_norm_ptr, eps, HAS_Q_NORM, HEAD_DIM, dtype)
+        dst = q_out_ptr + tok * stride_q_out + heads[:, None] * HEAD_DIM
+        tl.store(dst + i1[None, :], tl.fma(x1, cos, -(x2 * sin)).to(dtype), mask=mask)
+        tl.store(dst + i2[None, :], tl.fma(x1, sin, x2 * cos).to(dtype), mask=mask)
+    else:  # every key and value head, unless the slot is negative
         slot = tl.load(slot_mapping_ptr + tok).to(tl.int64)
         if slot >= 0:
-            kv_head = head - NUM_HEADS
-            x1 = tl.load(src + i1).to(tl.float32)
-            x2 = tl.load(src + i2).to(tl.float32)
-            if HAS_K_NORM:
-                x1, x2 = _rms_norm_head(x1, x2, k_norm_ptr, i1, i2, eps, HEAD_DIM, dtype)
-            dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-            # x1 cos - x2 sin and x2 cos + x1 sin with explicit FMAs: what LLVM's contraction made of
-            # the plain expressions (Triton 3.6, sm_90 PTX compared), pinned so that the fused rope
-            # epilogue (kernels/skinny_rope.py) rounds as this kernel does whatever the contraction
+            heads = tl.arange(0, KV_PAD)
+            mask = (heads < NUM_KV_HEADS)[:, None]
+            x1, x2 = _load_heads(row, NUM_HEADS, heads, mask, i1, i2, k_norm_ptr, eps, HAS_K_NORM, HEAD_DIM, dtype)
             k1 = tl.fma(x1, cos, -(x2 * sin)).to(dtype)
             k2 = tl.fma(x1, sin, x2 * cos).to(dtype)
-            offs_d = tl.arange(0, HEAD_DIM)
-            v = tl.load(src + NUM_KV_HEADS * HEAD_DIM + offs_d)  # value head kv_head
+            offs_d = tl.arange(0, HEAD_DIM)[None, :]
+            v = tl.load(row + (NUM_HEADS + NUM_KV_HEADS + heads)[:, None] * HEAD_DIM + offs_d, mask=mask)
             if FP8:
                 cache_dtype = k_cache_ptr.dtype.element_ty
                 k_scale = tl.load(k_scale_ptr)
                 k1 = quantize_fp8(k1, k_scale).to(cache_dtype)
                 k2 = quantize_fp8(k2, k_scale).to(cache_dtype)
                 v = quantize_fp8(v, tl.load(v_scale_ptr)).to(cache_dtype)
-            tl.store(k_cache_ptr + dst + i1, k1)
-            tl.store(k_cache_ptr + dst + i2, k2)
-            tl.store(v_cache_ptr + dst + offs_d, v)
+            dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + heads[:, None] * stride_ch
+            tl.store(k_cache_ptr + dst + i1[None, :], k1, mask=mask)
+            tl.store(k_cache_ptr + dst + i2[None, :], k2, mask=mask)
+            tl.store(v_cache_ptr + dst + offs_d, v, mask=mask)
 
 
 def rotary_write_kv_triton(
@@ -169,7 +178,8 @@ def rotary_write_kv_triton(
             raise ValueError(f"out is {tuple(q.shape)}, expected {(num_tokens, num_heads, head_dim)}")
     if num_tokens == 0:
         return q
-    _rotary_write_kv_kernel[(num_tokens, num_heads + num_kv_heads)](
+    q_pad, kv_pad = triton.next_power_of_2(num_heads), triton.next_power_of_2(num_kv_heads)
+    _rotary_write_kv_kernel[(num_tokens, 2)](
         positions, qkv, cos_sin_cache, slot_mapping,
         q_norm_weight if q_norm_weight is not None else qkv,  # dummies, never read
         k_norm_weight if k_norm_weight is not None else qkv,
@@ -178,8 +188,10 @@ def rotary_write_kv_triton(
         qkv.stride(0), cos_sin_cache.stride(0), q.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         eps,
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, Q_PAD=q_pad, KV_PAD=kv_pad,
+        BLOCK_SIZE=k_cache.shape[1],
         IS_NEOX=is_neox, HAS_Q_NORM=q_norm_weight is not None, HAS_K_NORM=k_norm_weight is not None,
-        FP8=fp8, USE_PDL=pdl, num_warps=1 if head_dim <= 128 else 2, **({"launch_pdl": True} if pdl else {}),
+        FP8=fp8, USE_PDL=pdl, num_warps=max(1, min(8, q_pad * head_dim // 512)),
+        **({"launch_pdl": True} if pdl else {}),
     )
     return q
