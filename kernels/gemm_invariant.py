@@ -137,19 +137,17 @@ def _linear_invariant_kernel(
         total = _range_sum(x_rows, w_rows, m_mask, n_mask, K, r * span, tl.minimum(r * span + span, K),
                            IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
         out_ptr += r.to(tl.int64) * stride_or
-    elif FOLD:  # (benchmarks/invariant_bench.py until measured faster)
-        total = _folded_ranges(x_rows, w_rows, m_mask, n_mask, K, range_tiles, SPLIT_K,
-                               IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-        if HAS_BIAS:
-            total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     else:  # every range in order, added as _sum_ranges_kernel adds them: ((r0 + r1) + r2) + ...
-        total = _range_sum(x_rows, w_rows, m_mask, n_mask, K, 0, tl.minimum(span, K),
-                           IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-        # a runtime loop (one copy of the pipelined K loop): unrolled over 16 ranges, the launch
-        # of 2,048 rows x `down` took 5x the unsplit time (Runs AD)
-        for r in range(1, SPLIT_K):
-            total += _range_sum(x_rows, w_rows, m_mask, n_mask, K, r * span, tl.minimum(r * span + span, K),
-                                IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+        if FOLD:  # as one K loop (benchmarks/invariant_bench.py until measured faster)
+            total = _folded_ranges(x_rows, w_rows, m_mask, n_mask, K, range_tiles, SPLIT_K,
+                                   IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+        else:  # a K loop a range, in a runtime loop (unrolled over 16 ranges, the launch of
+            # 2,048 rows x `down` took 5x the unsplit time: Runs AD)
+            total = _range_sum(x_rows, w_rows, m_mask, n_mask, K, 0, tl.minimum(span, K),
+                               IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+            for r in range(1, SPLIT_K):
+                total += _range_sum(x_rows, w_rows, m_mask, n_mask, K, r * span, tl.minimum(r * span + span, K),
+                                    IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
         if HAS_BIAS:
             total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
