@@ -3,6 +3,7 @@ the floor at this GPU's measured copy bandwidth (lent machines differ: H100 or H
 
     python -m benchmarks.w4_ab [--shapes llama-1b,smollm2-135m-draft] [--batches 1,8,64,256] [--no-pdl]
                                [--skinny-max-tokens N]
+                               [--persistent-decode]
 
 Prints one line a (shape, batch): `W4 <shape> b=<b> device <ms> step <ms> floor <ms> (<x> floor)`,
 graph-replayed steps, medians of benchmarks.decode_step.measure. Run it in each tree, alternating.
@@ -40,6 +41,7 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,64,256")
     p.add_argument("--no-pdl", action="store_true")
     p.add_argument("--skinny-max-tokens", type=int, default=None, help="the executor's flag (default: its own)")
+    p.add_argument("--persistent-decode", action="store_true", help="the executor's flag")
     p.add_argument("--label", default="")
     args = p.parse_args()
     bandwidth = copy_bandwidth()
@@ -50,6 +52,8 @@ def main() -> None:
         overrides = dict(cuda_graph_sizes=tuple(batches), mixed_cuda_graph_sizes=())
         if args.no_pdl:
             overrides["pdl"] = False
+        if args.persistent_decode:
+            overrides["persistent_decode"] = True
         if args.skinny_max_tokens is not None:
             overrides["skinny_max_tokens"] = args.skinny_max_tokens
         runner = runner_for(shape, **overrides)[0]

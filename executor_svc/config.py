@@ -52,6 +52,9 @@ class ExecutorConfig:
     # programmatic dependent launches (compute capability 9.0+; docs/kernels.md): a b = 1 decode
     # step's device time 0.895x on the H200 (docs/benchmarks.md, Runs X7)
     pdl: bool = True
+    # decode steps of 1..8 rows as one persistent launch of every layer (kernels/persistent_decode.py,
+    # docs/kernels.md); dense Llama-family models without q/k norm, qkv bias or windows; off by default
+    persistent_decode: bool = False
     max_logprobs: int = MAX_LOGPROBS  # most top alternatives a request may ask per position (vLLM's name)
     # "fp8": quantize every linear weight of an unquantized checkpoint to e4m3 at load, per
     # output channel (vLLM's flag); "" = as the checkpoint is (an FP8 checkpoint is FP8 anyway)
@@ -104,6 +107,10 @@ class ExecutorConfig:
                             "follows its message size, so a row would depend on its batch")
         if deterministic and ns.quantization:
             _parser().error("--deterministic takes no --quantization: the FP8 GEMMs are not batch-invariant")
+        if ns.persistent_decode and (deterministic or ns.tensor_parallel_size > 1 or ns.quantization
+                                     or ns.kv_cache_dtype != "auto" or not on_cuda):
+            _parser().error("--persistent-decode runs on one CUDA device with 16-bit weights and KV cache, "
+                            "without --deterministic, --tensor-parallel-size > 1, --quantization or --kv-cache-dtype")
         mixed = _parse_mixed_sizes(ns.mixed_cuda_graph_sizes, max(max_tokens, max_num_seqs))
         return cls(
             model=ns.model, model_name=ns.model_name, cache_dir=ns.cache_dir, host=ns.host, port=ns.port, device=device,
@@ -113,7 +120,7 @@ class ExecutorConfig:
             cpu_kv_cache_gib=ns.cpu_kv_cache_gib, enforce_eager=ns.enforce_eager,
             cuda_graph_sizes=sizes, mixed_cuda_graph_sizes=mixed,
             skinny_max_tokens=0 if deterministic else ns.skinny_max_tokens, deterministic=deterministic,
-            pdl=ns.pdl,
+            pdl=ns.pdl, persistent_decode=ns.persistent_decode,
             max_logprobs=ns.max_logprobs, quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
             internal_token=token_or_file(ns.internal_token, ns.internal_token_file),
             insecure_no_auth=ns.insecure_no_auth, enable_reflection=ns.enable_reflection,
@@ -264,6 +271,8 @@ def _parser() -> argparse.ArgumentParser:
                    "GEMMs, rotary + KV write, attention) as programmatic dependent launches (CUDA, compute "
                    "capability 9.0+; ignored elsewhere): each may start during the kernel before it (on "
                    "by default; also LLMSERVE_EXECUTOR_PDL)")
+    switch(p, "persistent-decode", "run decode steps of 1..8 rows as one persistent kernel launch of every "
+           "layer (CUDA; dense Llama-family models; docs/kernels.md)")
     return p
 
 

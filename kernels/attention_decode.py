@@ -38,11 +38,7 @@ def _paged_decode_kernel(
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     k_scale_ptr, v_scale_ptr,  # FP8 caches: [1] float32 each, read here (unused otherwise)
     qk_scale,  # softmax scale * log2(e): scores live in the exp2 domain
-    stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_bt,
-    stride_os, stride_oh,
-    num_splits,
+    stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_os, stride_oh, num_splits,
     window,  # sliding window (used when SLIDING): keys seq_len - window <= k < seq_len
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, SLIDING: tl.constexpr,
@@ -52,9 +48,25 @@ def _paged_decode_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    _decode_split(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+                  out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, k_scale_ptr, v_scale_ptr, qk_scale,
+                  stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_os, stride_oh,
+                  num_splits, window, tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
+                  GROUP, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_N, DIRECT, SLIDING, FP8, F16_DOT)
+
+
+@triton.jit
+def _decode_split(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, k_scale_ptr, v_scale_ptr, qk_scale,
+    stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_os, stride_oh,
+    num_splits, window, seq, kv_head, split, num_kv_heads,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, SLIDING: tl.constexpr,
+    FP8: tl.constexpr, F16_DOT: tl.constexpr,
+):
+    """One program's work (the kernel's, and kernels/persistent_decode.py's work items): the
+    query heads of (seq, kv_head) over the split-th run of their context."""
     seq_len = tl.load(seq_lens_ptr + seq)
 
     offs_g = tl.arange(0, GROUP_PAD)
@@ -115,7 +127,7 @@ def _paged_decode_kernel(
     else:
         # partials [num_seqs, num_heads, num_splits(, HEAD_DIM)], contiguous; empty splits
         # write m = -inf, l = 0, acc = 0, which the reduce weighs as nothing.
-        row = (seq * (tl.num_programs(1) * GROUP) + heads) * num_splits + split  # [GROUP_PAD]
+        row = (seq * (num_kv_heads * GROUP) + heads) * num_splits + split  # [GROUP_PAD]
         tl.store(part_m_ptr + row, m_i, mask=g_mask)
         tl.store(part_l_ptr + row, l_i, mask=g_mask)
         tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask[:, None])
@@ -131,8 +143,14 @@ def _decode_reduce_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
+    _decode_merge(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_os, stride_oh, num_heads, num_splits,
+                  tl.program_id(0), tl.program_id(1), HEAD_DIM, SPLITS_PAD)
+
+
+@triton.jit
+def _decode_merge(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_os, stride_oh, num_heads, num_splits,
+                  seq, head, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    """The reduce kernel's work for one (seq, head)."""
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     s_mask = offs_s < num_splits

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_same_device, check_skinny_args, check_tensor
+from kernels.grid_sync import grid_wait
 from kernels.skinny_tune import (  # noqa: F401
     CONFIGS, MAX_M, SkinnyConfig, _cold_time_us, default_config, fits, launch_constants, pick_config,
 )
@@ -80,11 +81,12 @@ def _skinny_acc(
     M, stride_x, stride_r, stride_nr, stride_w, eps,
     K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr, DOT: tl.constexpr,
+    USE_PDL: tl.constexpr, DOT: tl.constexpr, wait_ptr=None, wait_count=0, WAIT: tl.constexpr = False,
 ):
     """fp32 acc [BLOCK_M, BLOCK_N] of rows 0..M-1 for the W rows offs_n (any set of columns: the
     fused rope kernel interleaves them) over the K tiles from k_begin; the PDL wait included.
-    store_residual: this program writes the new residual (PROLOGUE_RMS with a residual)."""
+    store_residual: this program writes the new residual (PROLOGUE_RMS with a residual).
+    WAIT (a persistent kernel's item): grid_wait(wait_ptr, wait_count) where the PDL wait is."""
     rows = tl.arange(0, BLOCK_M)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     offs_k0 = k_begin + tl.arange(0, BLOCK_K)
@@ -94,6 +96,8 @@ def _skinny_acc(
     if USE_PDL:  # programmatic dependent launch: the previous kernel's outputs are visible past here
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+    if WAIT:
+        grid_wait(wait_ptr, wait_count)
     inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PROLOGUE == 1:  # sum of squares of the whole row; one program stores the new residual
         sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)

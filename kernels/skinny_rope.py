@@ -52,17 +52,35 @@ def _skinny_rope_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr = False, DOT: tl.constexpr = True,
 ):
+    _rope_item(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, bias_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
+               q_ptr, k_cache_ptr, v_cache_ptr, tl.program_id(0),
+               M, stride_x, stride_r, stride_nr, stride_w, stride_cos_sin, stride_q, stride_cb, stride_cs, stride_ch,
+               eps, K, TILES_PER_SPLIT, HAS_RESIDUAL, HAS_BIAS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
+               BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, DOT)
+
+
+@triton.jit
+def _rope_item(
+    x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, bias_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, pid,
+    M, stride_x, stride_r, stride_nr, stride_w, stride_cos_sin, stride_q, stride_cb, stride_cs, stride_ch, eps,
+    K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr, DOT: tl.constexpr, wait_ptr=None, wait_count=0, WAIT: tl.constexpr = False,
+):
+    """Program pid's work (the kernel's, and kernels/persistent_decode.py's work items; WAIT: as
+    in `_skinny_acc`)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     HB: tl.constexpr = BLOCK_N // 2
     RUNS: tl.constexpr = HALF // HB  # programs per head
-    pid = tl.program_id(0)
     head = pid // RUNS
     j = (pid % RUNS) * HB + tl.arange(0, HB)  # this program's pairs (j, j + HALF)
     cols = tl.arange(0, BLOCK_N)
     offs_n = head * HEAD_DIM + (pid % RUNS) * HB + cols // 2 + (cols % 2) * HALF  # lo, hi interleaved
     acc = _skinny_acc(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, offs_n, cols < BLOCK_N, 0, pid == 0,
                       M, stride_x, stride_r, stride_nr, stride_w, eps, K, TILES_PER_SPLIT, 1,
-                      HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, DOT)
+                      HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, DOT, wait_ptr, wait_count, WAIT)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
     dtype = x_ptr.dtype.element_ty

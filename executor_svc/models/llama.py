@@ -213,6 +213,7 @@ class LlamaForCausalLM(nn.Module):
     by the loader; start-up puts them in the KV caches with --kv-cache-dtype fp8)."""
 
     kv_scales: list[tuple[float, float]] | None = None
+    persistent = None  # models/persistent.py's PersistentDecode with --persistent-decode (set at start-up)
 
     def __init__(self, args: ModelArgs, tp: TensorParallel = SINGLE, skinny_max_tokens: int = 0,
                  pdl: bool = False, batch_invariant: bool = False):
@@ -245,6 +246,8 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_caches: list[KVCache]) -> torch.Tensor:
         """input_ids, positions: [T] int64 -> hidden states [T, H] (final norm applied)."""
+        if self.persistent is not None and self.persistent.applies(input_ids, attn, kv_caches):
+            return self.persistent(input_ids, positions, attn, kv_caches)  # --persistent-decode: one launch
         x, residual = self.embed_tokens(input_ids), None
         skinny = layers.use_skinny(x, self.skinny_max_tokens)
         for layer, kv_cache in zip(self.layers, kv_caches):

@@ -21,6 +21,7 @@ from executor_svc.config import ExecutorConfig
 from executor_svc.model_loader import checks as model_checks, safetensors as loader, source as model_source
 from executor_svc.models.attention import AttentionMetadata
 from executor_svc.models.llama import LlamaForCausalLM
+from executor_svc.models.persistent import PersistentDecode
 from executor_svc.parallel.state import SINGLE, TensorParallel
 from executor_svc.sample.grammar import GrammarRows
 from executor_svc.sample.graphs import SamplerGraphs
@@ -85,6 +86,12 @@ def build_runner(config: ExecutorConfig, tp: TensorParallel = SINGLE, workers=No
                                             scales)
     log.info("KV cache: %d blocks of %d tokens, %s%s", num_blocks, config.block_size, cache_dtype,
              " (target and draft model)" if draft is not None else "")
+    if config.persistent_decode:  # before any graph is captured: the layer table is built here
+        try:
+            model.persistent = PersistentDecode(model)
+        except ValueError as e:
+            raise model_checks.ModelError(str(e)) from None
+        model.persistent.table(kv_caches)
     drafter = None
     if draft is not None:  # the same block ids and size as the target's: it reuses its block tables
         draft_scales = kv_cache.checkpoint_scales(config.kv_cache_dtype, draft.kv_scales, dtype)

@@ -141,3 +141,17 @@ def test_deterministic_flag_aliases_env_and_refusals(monkeypatch, capsys):
         with pytest.raises(SystemExit) as exit_:
             ExecutorConfig.from_args(["--device", "cpu", "--deterministic", *argv])
         assert exit_.value.code == 2 and what in capsys.readouterr().err
+
+
+def test_persistent_decode_flag_and_refusals(monkeypatch, capsys):
+    monkeypatch.delenv("LLMSERVE_EXECUTOR_PERSISTENT_DECODE", raising=False)
+    assert not ExecutorConfig.from_args(["--device", "cuda"]).persistent_decode  # off by default
+    assert ExecutorConfig.from_args(["--device", "cuda", "--persistent-decode"]).persistent_decode
+    monkeypatch.setenv("LLMSERVE_EXECUTOR_PERSISTENT_DECODE", "1")
+    assert ExecutorConfig.from_args(["--device", "cuda"]).persistent_decode
+    for argv in (["--device", "cpu"], ["--device", "cuda", "--deterministic"],
+                 ["--device", "cuda", "--tensor-parallel-size", "2"], ["--device", "cuda", "--quantization", "fp8"],
+                 ["--device", "cuda", "--kv-cache-dtype", "fp8"]):
+        with pytest.raises(SystemExit) as exit_:
+            ExecutorConfig.from_args([*argv, "--persistent-decode"])
+        assert exit_.value.code == 2 and "--persistent-decode runs on one CUDA device" in capsys.readouterr().err

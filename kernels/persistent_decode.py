@@ -1,0 +1,296 @@
+"""The persistent decode step: a dense Llama-family decoder's every layer, for 1..MAX_ROWS decode
+rows, in ONE launch (issue 27 item 4; `--persistent-decode`, docs/kernels.md).
+
+The skinny decode path (kernels/skinny_gemm.py, skinny_rope.py) runs a layer as six dependent
+launches; each launch's ramp and tail cost ~2.5 µs even as programmatic dependent launches, which
+at the SmolLM2 shape is most of a step. Here one program per SM stays resident for the whole step
+and walks the step's *stages* in order, a grid-wide barrier between two stages:
+
+    embed           X = embedding[ids], R0 = 0                       items: rows
+    per layer:
+      qkv + rope    R1 = X + R0; qkv = rmsnorm(R1) @ Wqkv; rope;      items: (Hq + 2 Hk) D / BN_QKV
+                    q -> Q, k and v -> the paged cache
+      attention     the split-K decode attention's programs           items: rows * Hk * splits
+      merge         its reduce (skipped with one split)              items: rows * Hq
+      o_proj        O = ATT @ Wo                                     items: H / BN_O
+      gate_up       R0 = O + R1; GU = rmsnorm(R0) @ Wgu              items: 2 I / BN_GU
+      down          X = (silu(gate) * up) @ Wd                       items: H / BN_D
+    final norm      out = rmsnorm(X + R0) * final_norm               items: rows
+
+A stage's items are spread over the programs (item i runs on program i % P), and every item is
+the body of the existing kernel's program (`_rope_item`, `_decode_split`, `_decode_merge`,
+`_skinny_acc`): the same math, one code. Layer l's weights and caches are read from an int64
+table of addresses [L, 8] (`layer_table`), so nothing is copied or restacked.
+
+The grid barriers (kernels/grid_sync.py): a counter per barrier, `counters(shape)` int32 in all;
+a program arrives when its items of a stage are done, and waits in its first item of the next
+stage -- a GEMV item after loading its first weight tile, so the barrier's latency hides behind
+that load. The last program out (counter 0 counts exits) zeroes every counter, so each launch
+starts from zero and a CUDA graph replays it unchanged. Every program must be resident at once:
+P <= the SM count, one program an SM (8 warps, 255 registers, 12 KB shared at llama-1b).
+
+staged=True launches each stage apart (one launch a stage, no barrier): the same code, run by the
+Triton interpreter on CPU (which runs programs one after another, so a spinning barrier would never
+end) and by the CUDA tests as the bit-exact reference of the persistent launch.
+
+Scope (the wrapper raises ValueError outside it; the model refuses the flag at start): NeoX rope,
+no q/k norm, no qkv bias, no sliding window, a KV cache in the model's dtype (16-bit), head_dim a
+power of two >= 16.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.attention_decode import LOG2E, MAX_SPLITS, _decode_merge, _decode_split
+from kernels.grid_sync import grid_arrive, grid_wait
+from kernels.skinny_gemm import _skinny_acc
+from kernels.skinny_rope import _rope_item
+
+MAX_ROWS = 8
+STAGES = 6  # a layer's stages (the kernel's LAYER_STAGES)
+# layer_table's columns
+WQKV, WO, WGU, WD, NORM1, NORM2, KCACHE, VCACHE = (tl.constexpr(i) for i in range(8))
+
+
+@triton.jit
+def _gemv_item(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, y_ptr, item, M, N, stride_x, stride_y, eps, wait_ptr, wait_count,
+               K: tl.constexpr, TILES: tl.constexpr, PROLOGUE: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr, DOT: tl.constexpr,
+               WAIT: tl.constexpr):
+    """y[:, item's BLOCK_N columns] = prologue(x) @ w^T (skinny_gemm's program, no split)."""
+    offs_n = item * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    acc = _skinny_acc(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, offs_n, n_mask, 0, item == 0,
+                      M, stride_x, K, K, K, eps, K, TILES, PROLOGUE, PROLOGUE == 1,
+                      BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, False, DOT, wait_ptr, wait_count, WAIT)
+    rows = tl.arange(0, BLOCK_M)
+    tl.store(y_ptr + rows[:, None] * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(rows[:, None] < M) & n_mask[None, :])
+
+
+@triton.jit
+def _row_norm(x_ptr, r_ptr, w_ptr, out_ptr, row, eps, H: tl.constexpr, H_PAD: tl.constexpr):
+    """out[row] = rmsnorm(x + r) * w, kernels/norm.py's math."""
+    offs = tl.arange(0, H_PAD)
+    mask = offs < H
+    h = tl.load(x_ptr + row * H + offs, mask=mask, other=0.0)
+    r = tl.load(r_ptr + row * H + offs, mask=mask, other=0.0)
+    hf = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype).to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(hf * hf, 0) / H + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * H + offs, (hf * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _persistent_decode_kernel(
+    ids_ptr, embed_ptr, pos_ptr, slot_ptr, bt_ptr, seq_lens_ptr, cos_sin_ptr, tab_ptr, final_norm_ptr,
+    out_ptr, x_ptr, r0_ptr, r1_ptr, q_ptr, att_ptr, o_ptr, gu_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, bar_ptr,
+    M, step_begin, step_end, num_splits, stride_cos_sin, stride_cb, stride_cs, stride_ch, stride_bt, eps, qk_scale,
+    H: tl.constexpr, H_PAD: tl.constexpr, I: tl.constexpr, NUM_LAYERS: tl.constexpr,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, DOT: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
+    BN_D: tl.constexpr, BLOCK_K: tl.constexpr, ATT_BLOCK_N: tl.constexpr, GROUP_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, NORM_BLOCK: tl.constexpr, BARRIER: tl.constexpr,
+    BAR_PAD: tl.constexpr, LAYER_STAGES: tl.constexpr,
+):
+    pid, P = tl.program_id(0), tl.num_programs(0)
+    dt = embed_ptr.dtype.element_ty
+    Q: tl.constexpr = NUM_HEADS * HEAD_DIM
+    T_H: tl.constexpr = (H + BLOCK_K - 1) // BLOCK_K  # K tiles of each GEMV
+    T_Q: tl.constexpr = (Q + BLOCK_K - 1) // BLOCK_K
+    T_I: tl.constexpr = (I + BLOCK_K - 1) // BLOCK_K
+    for step in range(step_begin, step_end):
+        layer = (step - 1) // LAYER_STAGES
+        stage = (step - 1) % LAYER_STAGES
+        row = tab_ptr + layer * 8
+        # barrier k's counter is bar_ptr[1 + k]: this step waits for the previous step's
+        wait = bar_ptr + step
+        first = P if BARRIER else 0  # the count a program's first item of the step waits for
+        if step == 0:  # embed
+            for m in range(pid, M, P):
+                offs = tl.arange(0, H_PAD)
+                tok = tl.load(ids_ptr + m).to(tl.int64)
+                e = tl.load(embed_ptr + tok * H + offs, mask=offs < H)
+                tl.store(x_ptr + m * H + offs, e, mask=offs < H)
+                tl.store(r0_ptr + m * H + offs, tl.zeros([H_PAD], dt), mask=offs < H)
+        elif step == NUM_LAYERS * LAYER_STAGES + 1:  # final norm
+            for m in range(pid, M, P):
+                if BARRIER:
+                    grid_wait(wait, tl.where(m == pid, P, 0))
+                _row_norm(x_ptr, r0_ptr, final_norm_ptr, out_ptr, m, eps, H, H_PAD)
+        elif stage == 0:  # input norm + qkv + rope + KV write; the first W tile before the wait
+            k_cache = tl.load(row + KCACHE).to(tl.pointer_type(dt))
+            for item in range(pid, (NUM_HEADS + 2 * NUM_KV_HEADS) * (HEAD_DIM // BN_QKV), P):
+                _rope_item(x_ptr, r0_ptr, tl.load(row + NORM1).to(tl.pointer_type(dt)), r1_ptr,
+                           tl.load(row + WQKV).to(tl.pointer_type(dt)), x_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
+                           q_ptr, k_cache, tl.load(row + VCACHE).to(tl.pointer_type(dt)), item,
+                           M, H, H, H, H, stride_cos_sin, Q, stride_cb, stride_cs, stride_ch, eps,
+                           H, T_H, True, False, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
+                           BLOCK_M, BN_QKV, BLOCK_K, NORM_BLOCK, False, DOT, wait,
+                           tl.where(item == pid, first, 0), BARRIER)
+        elif stage == 1:  # attention, split-K over the context
+            k_cache = tl.load(row + KCACHE).to(tl.pointer_type(dt))
+            v_cache = tl.load(row + VCACHE).to(tl.pointer_type(dt))
+            for item in range(pid, M * NUM_KV_HEADS * num_splits, P):
+                if BARRIER:
+                    grid_wait(wait, tl.where(item == pid, P, 0))
+                _decode_split(q_ptr, k_cache, v_cache, bt_ptr, seq_lens_ptr, att_ptr, part_acc_ptr, part_m_ptr,
+                              part_l_ptr, seq_lens_ptr, seq_lens_ptr, qk_scale, Q, HEAD_DIM,
+                              stride_cb, stride_cs, stride_ch, stride_bt, Q, HEAD_DIM, num_splits, 0,
+                              item // (NUM_KV_HEADS * num_splits), (item // num_splits) % NUM_KV_HEADS,
+                              item % num_splits, NUM_KV_HEADS, NUM_HEADS // NUM_KV_HEADS, GROUP_PAD, HEAD_DIM,
+                              BLOCK_SIZE, ATT_BLOCK_N, DIRECT, False, False, False)
+        elif stage == 2:  # merge the splits
+            if not DIRECT:
+                for item in range(pid, M * NUM_HEADS, P):
+                    if BARRIER:
+                        grid_wait(wait, tl.where(item == pid, P, 0))
+                    _decode_merge(att_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, Q, HEAD_DIM, NUM_HEADS,
+                                  num_splits, item // NUM_HEADS, item % NUM_HEADS, HEAD_DIM, SPLITS_PAD)
+        elif stage == 3:  # o_proj
+            w = tl.load(row + WO).to(tl.pointer_type(dt))
+            for item in range(pid, tl.cdiv(H, BN_O), P):
+                _gemv_item(att_ptr, att_ptr, att_ptr, att_ptr, w, o_ptr, item, M, H, Q, H, eps, wait,
+                           tl.where(item == pid, first, 0), Q, T_Q, 0, BLOCK_M, BN_O, BLOCK_K, NORM_BLOCK, DOT, BARRIER)
+        elif stage == 4:  # post-attention norm (+ the residual) + gate_up
+            w = tl.load(row + WGU).to(tl.pointer_type(dt))
+            nw = tl.load(row + NORM2).to(tl.pointer_type(dt))
+            for item in range(pid, tl.cdiv(2 * I, BN_GU), P):
+                _gemv_item(o_ptr, r1_ptr, nw, r0_ptr, w, gu_ptr, item, M, 2 * I, H, 2 * I, eps, wait,
+                           tl.where(item == pid, first, 0), H, T_H, 1, BLOCK_M, BN_GU, BLOCK_K, NORM_BLOCK, DOT,
+                           BARRIER)
+        else:  # silu * mul + down_proj
+            w = tl.load(row + WD).to(tl.pointer_type(dt))
+            for item in range(pid, tl.cdiv(H, BN_D), P):
+                _gemv_item(gu_ptr, gu_ptr, gu_ptr, gu_ptr, w, x_ptr, item, M, H, 2 * I, H, eps, wait,
+                           tl.where(item == pid, first, 0), I, T_I, 2, BLOCK_M, BN_D, BLOCK_K, NORM_BLOCK, DOT,
+                           BARRIER)
+        if BARRIER:
+            if step + 1 < step_end:
+                grid_arrive(bar_ptr + 1 + step)
+    if BARRIER:  # the last program out zeroes every counter for the next launch
+        if tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu") == P - 1:
+            offs = tl.arange(0, BAR_PAD)
+            tl.store(bar_ptr + offs, tl.zeros([BAR_PAD], tl.int32), mask=offs < step_end + 1)
+
+
+class DecoderShape(NamedTuple):
+    hidden: int
+    intermediate: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def layer_table(layers: list[tuple[torch.Tensor, ...]], shape: DecoderShape) -> torch.Tensor:
+    """[L, 8] int64 device addresses of each layer's (qkv_w, o_w, gate_up_w, down_w, norm1_w,
+    norm2_w, k_cache, v_cache), checked against `shape`. The caller keeps the tensors alive and
+    builds the table again if any is replaced."""
+    h, i, d = shape.hidden, shape.intermediate, shape.head_dim
+    q, kv = shape.num_heads * d, shape.num_kv_heads * d
+    want = ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i), (h,), (h,))
+    if len(layers) != shape.num_layers:
+        raise ValueError(f"{len(layers)} layers given, the shape has {shape.num_layers}")
+    dtype, device = layers[0][0].dtype, layers[0][0].device
+    for n, tensors in enumerate(layers):
+        for t, w in zip(tensors, want + (None, None)):
+            if t.dtype != dtype or t.device != device or not t.is_contiguous():
+                raise ValueError(f"layer {n}: every tensor must be contiguous {dtype} on {device}")
+            if w is not None and tuple(t.shape) != w:
+                raise ValueError(f"layer {n}: a tensor is {tuple(t.shape)}, expected {w}")
+        k, v = tensors[KCACHE.value], tensors[VCACHE.value]
+        if k.shape != v.shape or k.stride() != layers[0][KCACHE.value].stride() or tuple(k.shape[2:]) != (shape.num_kv_heads, d):
+            raise ValueError(f"layer {n}: k/v caches must be [blocks, block_size, {shape.num_kv_heads}, {d}] alike")
+    return torch.tensor([[t.data_ptr() for t in tensors] for tensors in layers], dtype=torch.int64, device=device)
+
+
+def counters(shape: DecoderShape) -> int:
+    """The barrier counters a launch takes: one for exits, one a barrier between two steps."""
+    return shape.num_layers * STAGES + 3
+
+
+def _block_n(n: int, programs: int, lo: int, hi: int) -> int:
+    """Columns an item: about one item a program, a power of two in [lo, hi]."""
+    return max(lo, min(hi, triton.next_power_of_2(triton.cdiv(n, programs))))
+
+
+def persistent_decode_triton(
+    input_ids: torch.Tensor,  # [M] int32/int64, 1 <= M <= MAX_ROWS
+    positions: torch.Tensor,  # [M]
+    slot_mapping: torch.Tensor,  # [M]; < 0 skipped
+    block_tables: torch.Tensor,  # [M, max_blocks] int32
+    seq_lens: torch.Tensor,  # [M] int32: context after this step
+    embed: torch.Tensor,  # [V, H]
+    table: torch.Tensor,  # layer_table(...)
+    final_norm: torch.Tensor,  # [H]
+    cos_sin_cache: torch.Tensor,  # [max_position, head_dim] float32
+    k_cache: torch.Tensor,  # layer 0's (its strides and block size: every layer's)
+    shape: DecoderShape,
+    eps: float,
+    barrier: torch.Tensor | None = None,  # [counters(shape)] int32 zeros, kept for every launch (not staged)
+    staged: bool = False,  # one launch a stage, no barrier (the interpreter; the reference)
+    num_programs: int | None = None,  # default: the SM count (4 interpreted)
+) -> torch.Tensor:
+    """The decoder's final hidden states [M, H] (final norm applied) for one decode step; writes
+    this step's k and v into every layer's cache."""
+    m, h = input_ids.shape[0], shape.hidden
+    d, hq, hk = shape.head_dim, shape.num_heads, shape.num_kv_heads
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"the persistent decode step takes 1..{MAX_ROWS} rows, got {m}")
+    if d < 16 or d & (d - 1) or hq % hk:
+        raise ValueError(f"head_dim {d} must be a power of two >= 16 and {hq} heads a multiple of {hk}")
+    for name, t in (("positions", positions), ("slot_mapping", slot_mapping), ("seq_lens", seq_lens)):
+        if t.shape != (m,):
+            raise ValueError(f"{name} must be [{m}], got {tuple(t.shape)}")
+    if block_tables.shape[0] != m or tuple(table.shape) != (shape.num_layers, 8) or table.dtype != torch.int64:
+        raise ValueError("block_tables must have a row a token and table be layer_table(...)")
+    if embed.shape[1] != h or final_norm.shape != (h,) or k_cache.dtype != embed.dtype:
+        raise ValueError("embed [V, H], final_norm [H] and the caches in the model's dtype")
+    if not staged and (barrier is None or barrier.dtype != torch.int32 or barrier.numel() < counters(shape)):
+        raise ValueError(f"a persistent launch takes barrier: [{counters(shape)}] int32 zeros")
+    dev = embed.device
+    programs = num_programs or (torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4)
+    dot = m > 1  # 2..8 rows: one 16-row tl.dot tile (skinny_gemm.py)
+    lo = 16 if dot else 2
+    max_context = block_tables.shape[1] * k_cache.shape[1]
+    splits = max(1, min(programs // (m * hk), MAX_SPLITS, triton.cdiv(max_context, 64)))
+    f32 = dict(device=dev, dtype=torch.float32)
+    new = dict(device=dev, dtype=embed.dtype)
+    i = shape.intermediate
+    out, x, r0, r1, o = (torch.empty(m, h, **new) for _ in range(5))
+    q, att, gu = torch.empty(m, hq, d, **new), torch.empty(m, hq * d, **new), torch.empty(m, 2 * i, **new)
+    part_acc = torch.empty(m, hq, splits, d, **f32)
+    part_m, part_l = torch.empty(m, hq, splits, **f32), torch.empty(m, hq, splits, **f32)
+    block_m = 16 if dot else 1
+    consts = dict(
+        H=h, H_PAD=triton.next_power_of_2(h), I=i, NUM_LAYERS=shape.num_layers, NUM_HEADS=hq, NUM_KV_HEADS=hk,
+        HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], BLOCK_M=block_m, DOT=dot,
+        BN_QKV=_block_n((hq + 2 * hk) * d, programs, lo, d), BN_O=_block_n(h, programs, lo, 32),
+        BN_GU=_block_n(2 * i, programs, lo, 32), BN_D=_block_n(h, programs, lo, 32), BLOCK_K=256,
+        ATT_BLOCK_N=64, GROUP_PAD=max(16, triton.next_power_of_2(hq // hk)),
+        SPLITS_PAD=triton.next_power_of_2(splits), DIRECT=splits == 1,
+        NORM_BLOCK=max(256, min(triton.next_power_of_2(h), 8192 // block_m)),  # the norms are over H
+    )
+    steps = shape.num_layers * STAGES + 2
+    bar = barrier if barrier is not None else seq_lens
+
+    def launch(begin: int, end: int) -> None:
+        _persistent_decode_kernel[(programs,)](
+            input_ids, embed, positions, slot_mapping, block_tables, seq_lens, cos_sin_cache, table, final_norm,
+            out, x, r0, r1, q, att, o, gu, part_acc, part_m, part_l, bar,
+            m, begin, end, splits, cos_sin_cache.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            block_tables.stride(0), eps, d ** -0.5 * LOG2E, BARRIER=not staged,
+            BAR_PAD=triton.next_power_of_2(counters(shape)), LAYER_STAGES=STAGES, num_warps=8, num_stages=2, **consts)
+
+    if staged:
+        for step in range(steps):
+            launch(step, step + 1)
+    else:
+        launch(0, steps)
+    return out
