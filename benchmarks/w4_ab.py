@@ -12,6 +12,7 @@ graph-replayed steps, medians of benchmarks.decode_step.measure. Run it in each 
 from __future__ import annotations
 
 import argparse
+import gc
 
 import torch
 
@@ -63,6 +64,7 @@ def main() -> None:
             print(f"W4 {args.label} {shape} b={b} device {r['graph_device_ms']:.3f} step {r['graph_step_ms']:.3f} "
                   f"floor {floor:.3f} ({r['graph_device_ms'] / floor:.2f}x floor)", flush=True)
         del runner
+        gc.collect()  # the next shape's KV-cache budget counts what this one still holds (cycles)
         torch.cuda.empty_cache()
 
 

@@ -40,20 +40,18 @@ power of two >= 16.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels.attention_decode import LOG2E, MAX_SPLITS, _decode_merge, _decode_split
 from kernels.grid_sync import grid_arrive, grid_wait
+from kernels.persistent_layout import STAGES, DecoderShape, counters, layer_table  # noqa: F401 - public
 from kernels.skinny_gemm import _skinny_acc
 from kernels.skinny_rope import _rope_item
 
 MAX_ROWS = 8
-STAGES = 6  # a layer's stages (the kernel's LAYER_STAGES)
-# layer_table's columns
+# layer_table's columns, as the kernel reads them
 WQKV, WO, WGU, WD, NORM1, NORM2, KCACHE, VCACHE = (tl.constexpr(i) for i in range(8))
 
 
@@ -61,13 +59,13 @@ WQKV, WO, WGU, WD, NORM1, NORM2, KCACHE, VCACHE = (tl.constexpr(i) for i in rang
 def _gemv_item(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, y_ptr, item, M, N, stride_x, stride_y, eps, wait_ptr, wait_count,
                K: tl.constexpr, TILES: tl.constexpr, PROLOGUE: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr, DOT: tl.constexpr,
-               WAIT: tl.constexpr):
+               WAIT: tl.constexpr, PREFETCH: tl.constexpr):
     """y[:, item's BLOCK_N columns] = prologue(x) @ w^T (skinny_gemm's program, no split)."""
     offs_n = item * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     acc = _skinny_acc(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, offs_n, n_mask, 0, item == 0,
                       M, stride_x, K, K, K, eps, K, TILES, PROLOGUE, PROLOGUE == 1,
-                      BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, False, DOT, wait_ptr, wait_count, WAIT)
+                      BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, False, DOT, wait_ptr, wait_count, WAIT, PREFETCH)
     rows = tl.arange(0, BLOCK_M)
     tl.store(y_ptr + rows[:, None] * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(rows[:, None] < M) & n_mask[None, :])
@@ -96,7 +94,8 @@ def _persistent_decode_kernel(
     BLOCK_M: tl.constexpr, DOT: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
     BN_D: tl.constexpr, BLOCK_K: tl.constexpr, ATT_BLOCK_N: tl.constexpr, GROUP_PAD: tl.constexpr,
     SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, NORM_BLOCK: tl.constexpr, BARRIER: tl.constexpr,
-    BAR_PAD: tl.constexpr, LAYER_STAGES: tl.constexpr,
+    BAR_PAD: tl.constexpr, LAYER_STAGES: tl.constexpr, BARRIERS_ONLY: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):
     pid, P = tl.program_id(0), tl.num_programs(0)
     dt = embed_ptr.dtype.element_ty
@@ -111,7 +110,10 @@ def _persistent_decode_kernel(
         # barrier k's counter is bar_ptr[1 + k]: this step waits for the previous step's
         wait = bar_ptr + step
         first = P if BARRIER else 0  # the count a program's first item of the step waits for
-        if step == 0:  # embed
+        if BARRIERS_ONLY:  # a benchmark of the barriers alone: no stage does any work
+            if BARRIER and step > step_begin:
+                grid_wait(wait, P)
+        elif step == 0:  # embed
             for m in range(pid, M, P):
                 offs = tl.arange(0, H_PAD)
                 tok = tl.load(ids_ptr + m).to(tl.int64)
@@ -132,7 +134,7 @@ def _persistent_decode_kernel(
                            M, H, H, H, H, stride_cos_sin, Q, stride_cb, stride_cs, stride_ch, eps,
                            H, T_H, True, False, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
                            BLOCK_M, BN_QKV, BLOCK_K, NORM_BLOCK, False, DOT, wait,
-                           tl.where(item == pid, first, 0), BARRIER)
+                           tl.where(item == pid, first, 0), BARRIER, PREFETCH)
         elif stage == 1:  # attention, split-K over the context
             k_cache = tl.load(row + KCACHE).to(tl.pointer_type(dt))
             v_cache = tl.load(row + VCACHE).to(tl.pointer_type(dt))
@@ -156,20 +158,21 @@ def _persistent_decode_kernel(
             w = tl.load(row + WO).to(tl.pointer_type(dt))
             for item in range(pid, tl.cdiv(H, BN_O), P):
                 _gemv_item(att_ptr, att_ptr, att_ptr, att_ptr, w, o_ptr, item, M, H, Q, H, eps, wait,
-                           tl.where(item == pid, first, 0), Q, T_Q, 0, BLOCK_M, BN_O, BLOCK_K, NORM_BLOCK, DOT, BARRIER)
+                           tl.where(item == pid, first, 0), Q, T_Q, 0, BLOCK_M, BN_O, BLOCK_K, NORM_BLOCK, DOT, BARRIER,
+                           PREFETCH)
         elif stage == 4:  # post-attention norm (+ the residual) + gate_up
             w = tl.load(row + WGU).to(tl.pointer_type(dt))
             nw = tl.load(row + NORM2).to(tl.pointer_type(dt))
             for item in range(pid, tl.cdiv(2 * I, BN_GU), P):
                 _gemv_item(o_ptr, r1_ptr, nw, r0_ptr, w, gu_ptr, item, M, 2 * I, H, 2 * I, eps, wait,
                            tl.where(item == pid, first, 0), H, T_H, 1, BLOCK_M, BN_GU, BLOCK_K, NORM_BLOCK, DOT,
-                           BARRIER)
+                           BARRIER, PREFETCH)
         else:  # silu * mul + down_proj
             w = tl.load(row + WD).to(tl.pointer_type(dt))
             for item in range(pid, tl.cdiv(H, BN_D), P):
                 _gemv_item(gu_ptr, gu_ptr, gu_ptr, gu_ptr, w, x_ptr, item, M, H, 2 * I, H, eps, wait,
                            tl.where(item == pid, first, 0), I, T_I, 2, BLOCK_M, BN_D, BLOCK_K, NORM_BLOCK, DOT,
-                           BARRIER)
+                           BARRIER, PREFETCH)
         if BARRIER:
             if step + 1 < step_end:
                 grid_arrive(bar_ptr + 1 + step)
@@ -177,42 +180,6 @@ def _persistent_decode_kernel(
         if tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu") == P - 1:
             offs = tl.arange(0, BAR_PAD)
             tl.store(bar_ptr + offs, tl.zeros([BAR_PAD], tl.int32), mask=offs < step_end + 1)
-
-
-class DecoderShape(NamedTuple):
-    hidden: int
-    intermediate: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-
-
-def layer_table(layers: list[tuple[torch.Tensor, ...]], shape: DecoderShape) -> torch.Tensor:
-    """[L, 8] int64 device addresses of each layer's (qkv_w, o_w, gate_up_w, down_w, norm1_w,
-    norm2_w, k_cache, v_cache), checked against `shape`. The caller keeps the tensors alive and
-    builds the table again if any is replaced."""
-    h, i, d = shape.hidden, shape.intermediate, shape.head_dim
-    q, kv = shape.num_heads * d, shape.num_kv_heads * d
-    want = ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i), (h,), (h,))
-    if len(layers) != shape.num_layers:
-        raise ValueError(f"{len(layers)} layers given, the shape has {shape.num_layers}")
-    dtype, device = layers[0][0].dtype, layers[0][0].device
-    for n, tensors in enumerate(layers):
-        for t, w in zip(tensors, want + (None, None)):
-            if t.dtype != dtype or t.device != device or not t.is_contiguous():
-                raise ValueError(f"layer {n}: every tensor must be contiguous {dtype} on {device}")
-            if w is not None and tuple(t.shape) != w:
-                raise ValueError(f"layer {n}: a tensor is {tuple(t.shape)}, expected {w}")
-        k, v = tensors[KCACHE.value], tensors[VCACHE.value]
-        if k.shape != v.shape or k.stride() != layers[0][KCACHE.value].stride() or tuple(k.shape[2:]) != (shape.num_kv_heads, d):
-            raise ValueError(f"layer {n}: k/v caches must be [blocks, block_size, {shape.num_kv_heads}, {d}] alike")
-    return torch.tensor([[t.data_ptr() for t in tensors] for tensors in layers], dtype=torch.int64, device=device)
-
-
-def counters(shape: DecoderShape) -> int:
-    """The barrier counters a launch takes: one for exits, one a barrier between two steps."""
-    return shape.num_layers * STAGES + 3
 
 
 def _block_n(n: int, programs: int, lo: int, hi: int) -> int:
@@ -235,7 +202,12 @@ def persistent_decode_triton(
     eps: float,
     barrier: torch.Tensor | None = None,  # [counters(shape)] int32 zeros, kept for every launch (not staged)
     staged: bool = False,  # one launch a stage, no barrier (the interpreter; the reference)
-    num_programs: int | None = None,  # default: the SM count (4 interpreted)
+    num_programs: int | None = None,  # default: the SM count x programs_per_sm (4 interpreted)
+    num_warps: int = 8,
+    programs_per_sm: int = 1,  # > 1: only where that many fit an SM at once (checked: else ValueError)
+    barriers_only: bool = False,  # benchmarks: the launch's barriers without the stages' work
+    prefetch: bool = False,  # GEMV items keep two weight tiles in flight (_skinny_acc's PREFETCH; same bits)
+    block_k: int = 256,  # a GEMV's K tile
 ) -> torch.Tensor:
     """The decoder's final hidden states [M, H] (final norm applied) for one decode step; writes
     this step's k and v into every layer's cache."""
@@ -255,7 +227,9 @@ def persistent_decode_triton(
     if not staged and (barrier is None or barrier.dtype != torch.int32 or barrier.numel() < counters(shape)):
         raise ValueError(f"a persistent launch takes barrier: [{counters(shape)}] int32 zeros")
     dev = embed.device
-    programs = num_programs or (torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4)
+    on_gpu = dev.type == "cuda"
+    programs = num_programs or (torch.cuda.get_device_properties(dev).multi_processor_count * programs_per_sm
+                                if on_gpu else 4)
     dot = m > 1  # 2..8 rows: one 16-row tl.dot tile (skinny_gemm.py)
     lo = 16 if dot else 2
     max_context = block_tables.shape[1] * k_cache.shape[1]
@@ -272,7 +246,7 @@ def persistent_decode_triton(
         H=h, H_PAD=triton.next_power_of_2(h), I=i, NUM_LAYERS=shape.num_layers, NUM_HEADS=hq, NUM_KV_HEADS=hk,
         HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], BLOCK_M=block_m, DOT=dot,
         BN_QKV=_block_n((hq + 2 * hk) * d, programs, lo, d), BN_O=_block_n(h, programs, lo, 32),
-        BN_GU=_block_n(2 * i, programs, lo, 32), BN_D=_block_n(h, programs, lo, 32), BLOCK_K=256,
+        BN_GU=_block_n(2 * i, programs, lo, 32), BN_D=_block_n(h, programs, lo, 32), BLOCK_K=block_k,
         ATT_BLOCK_N=64, GROUP_PAD=max(16, triton.next_power_of_2(hq // hk)),
         SPLITS_PAD=triton.next_power_of_2(splits), DIRECT=splits == 1,
         NORM_BLOCK=max(256, min(triton.next_power_of_2(h), 8192 // block_m)),  # the norms are over H
@@ -280,17 +254,33 @@ def persistent_decode_triton(
     steps = shape.num_layers * STAGES + 2
     bar = barrier if barrier is not None else seq_lens
 
-    def launch(begin: int, end: int) -> None:
-        _persistent_decode_kernel[(programs,)](
-            input_ids, embed, positions, slot_mapping, block_tables, seq_lens, cos_sin_cache, table, final_norm,
-            out, x, r0, r1, q, att, o, gu, part_acc, part_m, part_l, bar,
-            m, begin, end, splits, cos_sin_cache.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            block_tables.stride(0), eps, d ** -0.5 * LOG2E, BARRIER=not staged,
-            BAR_PAD=triton.next_power_of_2(counters(shape)), LAYER_STAGES=STAGES, num_warps=8, num_stages=2, **consts)
-
+    args = (input_ids, embed, positions, slot_mapping, block_tables, seq_lens, cos_sin_cache, table, final_norm,
+            out, x, r0, r1, q, att, o, gu, part_acc, part_m, part_l, bar, m)
+    strides = (splits, cos_sin_cache.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+               block_tables.stride(0), eps, d ** -0.5 * LOG2E)
+    consts.update(BARRIER=not staged, BAR_PAD=triton.next_power_of_2(counters(shape)), LAYER_STAGES=STAGES,
+                  BARRIERS_ONLY=barriers_only, PREFETCH=prefetch, num_warps=num_warps, num_stages=2)
     if staged:
         for step in range(steps):
-            launch(step, step + 1)
-    else:
-        launch(0, steps)
+            _persistent_decode_kernel[(programs,)](*args, step, step + 1, *strides, **consts)
+        return out
+    if on_gpu:  # a program that cannot start until another ends would wait at the first barrier forever
+        compiled = _persistent_decode_kernel.warmup(*args, 0, steps, *strides, grid=(programs,), **consts)
+        _check_resident(compiled, num_warps, programs, dev)
+    _persistent_decode_kernel[(programs,)](*args, 0, steps, *strides, **consts)
     return out
+
+
+def _check_resident(compiled, num_warps: int, programs: int, device: torch.device) -> None:
+    """Raises ValueError unless `programs` programs of `compiled` fit the GPU's SMs at once."""
+    compiled._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    per_sm = triton.cdiv(programs, props.multi_processor_count)
+    regs = -(-compiled.n_regs // 8) * 8 * 32 * num_warps * per_sm  # allocated 8 registers at a time
+    shared = compiled.metadata.shared * per_sm
+    threads = 32 * num_warps * per_sm
+    if (regs > getattr(props, "regs_per_multiprocessor", 65536) or  # 64K on every GPU since Kepler
+            shared > props.shared_memory_per_multiprocessor
+            or threads > props.max_threads_per_multi_processor):
+        raise ValueError(f"{programs} programs of {num_warps} warps ({compiled.n_regs} registers a thread, "
+                         f"{compiled.metadata.shared} B shared) do not fit {props.multi_processor_count} SMs at once")

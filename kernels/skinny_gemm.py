@@ -82,17 +82,24 @@ def _skinny_acc(
     K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr, DOT: tl.constexpr, wait_ptr=None, wait_count=0, WAIT: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):
     """fp32 acc [BLOCK_M, BLOCK_N] of rows 0..M-1 for the W rows offs_n (any set of columns: the
     fused rope kernel interleaves them) over the K tiles from k_begin; the PDL wait included.
     store_residual: this program writes the new residual (PROLOGUE_RMS with a residual).
-    WAIT (a persistent kernel's item): grid_wait(wait_ptr, wait_count) where the PDL wait is."""
+    WAIT (a persistent kernel's item): grid_wait(wait_ptr, wait_count) where the PDL wait is.
+    PREFETCH (GEMV): W tile t + 1 is loaded before tile t's products (two tiles in flight, the
+    second also before the wait); the same products summed in the same order: the same bits."""
     rows = tl.arange(0, BLOCK_M)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     offs_k0 = k_begin + tl.arange(0, BLOCK_K)
     w0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=w_ptr.dtype.element_ty)
     if BLOCK_M == 1:  # the GEMV's first W tile: weights, never written by a step, so before the wait
         w0 = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] & (offs_k0[None, :] < K), other=0.0)
+    w1 = w0
+    if PREFETCH:
+        w1 = tl.load(w_rows + offs_k0[None, :] + BLOCK_K, mask=n_mask[:, None] & (offs_k0[None, :] + BLOCK_K < K),
+                     other=0.0)
     if USE_PDL:  # programmatic dependent launch: the previous kernel's outputs are visible past here
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -116,7 +123,16 @@ def _skinny_acc(
         xa, xb, nw = _a_load(x_ptr, r_ptr, nw_ptr, rows, offs_k0, M, K, stride_x, stride_r,
                              PROLOGUE, HAS_RESIDUAL)
         acc2 = w0.to(tl.float32) * _a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL).to(tl.float32)
-        for t in range(1, TILES_PER_SPLIT):
+        for t in range(1, TILES_PER_SPLIT if PREFETCH else 1):  # tile t + 1 in flight during tile t's products
+            offs_k = k_begin + t * BLOCK_K + tl.arange(0, BLOCK_K)
+            nxt = offs_k + BLOCK_K
+            w2 = tl.load(w_rows + nxt[None, :], mask=n_mask[:, None] & (nxt[None, :] < K) & (t + 1 < TILES_PER_SPLIT),
+                         other=0.0)
+            xa, xb, nw = _a_load(x_ptr, r_ptr, nw_ptr, rows, offs_k, M, K, stride_x, stride_r,
+                                 PROLOGUE, HAS_RESIDUAL)
+            acc2 += w1.to(tl.float32) * _a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL).to(tl.float32)
+            w1 = w2
+        for t in range(1, 1 if PREFETCH else TILES_PER_SPLIT):
             offs_k = k_begin + t * BLOCK_K + tl.arange(0, BLOCK_K)
             xa, xb, nw = _a_load(x_ptr, r_ptr, nw_ptr, rows, offs_k, M, K, stride_x, stride_r,
                                  PROLOGUE, HAS_RESIDUAL)

@@ -51,14 +51,14 @@ class PersistentDecode:
                                   a.num_kv_heads, a.head_dim)
         self.barrier = torch.zeros(kernel.counters(self.shape), dtype=torch.int32,
                                    device=model.lm_head.weight.device)
-        self._table: tuple[int, torch.Tensor] | None = None
+        self._table: tuple[tuple[int, ...], torch.Tensor] | None = None
 
     def applies(self, input_ids: torch.Tensor, attn: AttentionMetadata, kv_caches: list[KVCache]) -> bool:
         return (attn.is_decode and 1 <= input_ids.shape[0] <= self.kernel.MAX_ROWS
                 and kv_caches[0].k.dtype == self.model.lm_head.weight.dtype)
 
     def table(self, kv_caches: list[KVCache]) -> torch.Tensor:
-        key = kv_caches[0].k.data_ptr()
+        key = tuple(t.data_ptr() for cache in kv_caches for t in (cache.k, cache.v))  # the weights never move
         if self._table is None or self._table[0] != key:
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("the persistent decode step's first run must precede CUDA graph capture")
@@ -70,10 +70,11 @@ class PersistentDecode:
         return self._table[1]
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
-                 kv_caches: list[KVCache], staged: bool = False, num_programs: int | None = None) -> torch.Tensor:
-        """The final hidden states [T, H] (final norm applied), as model.forward returns them."""
+                 kv_caches: list[KVCache], staged: bool = False, **launch) -> torch.Tensor:
+        """The final hidden states [T, H] (final norm applied), as model.forward returns them.
+        launch: the kernel's launch options (num_programs, prefetch, ...: tests and benchmarks)."""
         m = self.model
         return self.kernel.persistent_decode_triton(
             input_ids, positions, attn.slot_mapping, attn.block_tables, attn.seq_lens, m.embed_tokens.weight,
             self.table(kv_caches), m.norm.weight, m.cos_sin_cache, kv_caches[0].k, self.shape, m.args.rms_norm_eps,
-            None if staged else self.barrier, staged=staged, num_programs=num_programs)
+            None if staged else self.barrier, staged=staged, **launch)

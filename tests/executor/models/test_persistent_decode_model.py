@@ -3,7 +3,8 @@
 layer's cache, touching no other cache row. Staged (a launch a stage, the Triton interpreter on CPU
 in float32; CUDA in bfloat16) against the model's regular path; on CUDA the persistent launch (one
 launch, a grid barrier between stages) is bit for bit its staged launches, at the SM count and
-with 3 programs (many items each), and leaves its barrier counters at zero. Models outside its
+with 3 programs (many items each) and with two weight tiles in flight, and leaves its barrier counters at zero; more programs than
+the SMs hold at once are refused before the launch. Models outside its
 scope are refused with the reason."""
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def test_one_launch_gives_the_model_s_hidden_states_and_cache(arch, rows, demo_d
     with torch.inference_mode():
         want = model(ids, positions, step, caches)  # model.persistent is None: the regular path
         got = persistent(ids, positions, step, ours_caches, staged=True)
+    with torch.inference_mode():  # two weight tiles in flight: the same products in the same order
+        plain, pre = (persistent(ids, positions, step, _clone(caches), staged=True, prefetch=p, block_k=16)
+                      for p in (False, True))  # 16-wide K tiles: several a GEMV
+        assert torch.equal(plain, pre)
     tol = 3e-2 if ON_CUDA else 1e-4
     assert got.shape == want.shape and torch.isfinite(got).all()
     assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol), (got - want).abs().max()
@@ -81,14 +86,20 @@ def test_one_launch_gives_the_model_s_hidden_states_and_cache(arch, rows, demo_d
             keep[written] = False
             assert torch.equal(flat[keep], flat_old[keep])  # no other row touched
     if ON_CUDA:  # the persistent launch is its staged launches, bit for bit
-        for programs in (None, 3):
+        for programs, prefetch in ((None, False), (3, False), (None, True)):
             again = _clone(caches)
             with torch.inference_mode():
-                one = persistent(ids, positions, step, again, num_programs=programs)
+                one = persistent(ids, positions, step, again, num_programs=programs, prefetch=prefetch)
             torch.cuda.synchronize()
             assert torch.equal(one, got), programs
             assert all(torch.equal(a.k, b.k) and torch.equal(a.v, b.v) for a, b in zip(again, ours_caches))
             assert not persistent.barrier.any()  # every counter back to zero
+        m = persistent.model  # more programs than the SMs hold at once would never pass a barrier: refused
+        with pytest.raises(ValueError, match="do not fit"):
+            persistent.kernel.persistent_decode_triton(
+                ids, positions, step.slot_mapping, step.block_tables, step.seq_lens, m.embed_tokens.weight,
+                persistent.table(again), m.norm.weight, m.cos_sin_cache, again[0].k, persistent.shape,
+                m.args.rms_norm_eps, persistent.barrier, programs_per_sm=16)
 
 
 @pytest.mark.parametrize("arch,reason", [("tiny-qwen2", "qkv bias"), ("tiny-qwen3", "q/k norm"),
