@@ -46,6 +46,7 @@ import triton.language as tl
 
 from kernels.attention_decode import LOG2E, MAX_SPLITS, _decode_merge, _decode_split
 from kernels.grid_sync import grid_arrive, grid_wait
+from kernels.norm import rms_norm_row
 from kernels.persistent_layout import STAGES, DecoderShape, counters, layer_table  # noqa: F401 - public
 from kernels.skinny_gemm import _skinny_acc
 from kernels.skinny_rope import _rope_item
@@ -69,19 +70,6 @@ def _gemv_item(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, y_ptr, item, M, N, stride_x,
     rows = tl.arange(0, BLOCK_M)
     tl.store(y_ptr + rows[:, None] * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(rows[:, None] < M) & n_mask[None, :])
-
-
-@triton.jit
-def _row_norm(x_ptr, r_ptr, w_ptr, out_ptr, row, eps, H: tl.constexpr, H_PAD: tl.constexpr):
-    """out[row] = rmsnorm(x + r) * w, kernels/norm.py's math."""
-    offs = tl.arange(0, H_PAD)
-    mask = offs < H
-    h = tl.load(x_ptr + row * H + offs, mask=mask, other=0.0)
-    r = tl.load(r_ptr + row * H + offs, mask=mask, other=0.0)
-    hf = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype).to(tl.float32)
-    inv_rms = tl.rsqrt(tl.sum(hf * hf, 0) / H + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * H + offs, (hf * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -124,7 +112,9 @@ def _persistent_decode_kernel(
             for m in range(pid, M, P):
                 if BARRIER:
                     grid_wait(wait, tl.where(m == pid, P, 0))
-                _row_norm(x_ptr, r0_ptr, final_norm_ptr, out_ptr, m, eps, H, H_PAD)
+                offs = tl.arange(0, H_PAD)  # (the sum goes to R1 as a new residual, which nothing reads)
+                y = rms_norm_row(x_ptr, r0_ptr, final_norm_ptr, r1_ptr, m, H, H, H, eps, H, offs, offs < H, True)
+                tl.store(out_ptr + m * H + offs, y.to(out_ptr.dtype.element_ty), mask=offs < H)
         elif stage == 0:  # input norm + qkv + rope + KV write; the first W tile before the wait
             k_cache = tl.load(row + KCACHE).to(tl.pointer_type(dt))
             for item in range(pid, (NUM_HEADS + 2 * NUM_KV_HEADS) * (HEAD_DIM // BN_QKV), P):
