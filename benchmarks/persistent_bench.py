@@ -18,11 +18,12 @@ from executor_svc.model_loader.random_model import SHAPES
 from kernels.persistent_decode import DecoderShape, counters, layer_table, persistent_decode_triton
 
 CONTEXT, BLOCK = 512, 16
-# (label, launch options)
-VARIANTS = [("8 warps, 1 an SM", {}), ("8 warps, 2 W tiles in flight", dict(prefetch=True)),
-            ("4 warps, 1 an SM", dict(num_warps=4)), ("4 warps, 2 an SM", dict(num_warps=4, programs_per_sm=2)),
-            ("4 warps, 2 an SM, 2 tiles", dict(num_warps=4, programs_per_sm=2, prefetch=True)),
-            ("barriers only (8 warps)", dict(barriers_only=True))]
+# (label, launch options); the defaults: one row's GEMV weight tiles of 32 KB, each summed over K at once, two in flight
+VARIANTS = [("defaults", {}), ("16 KB tiles", dict(tile_bytes=16384)),
+            ("64 KB tiles, one in flight", dict(tile_bytes=65536, prefetch=False)),
+            ("gate_up items of up to 128 columns", dict(max_block_n=128)),
+            ("K tiles of 256 kept [N, K] (before)", dict(block_k=256, reduce_each=False, prefetch=False)),
+            ("barriers only", dict(barriers_only=True))]
 
 
 def _tensors(name: str, rows: int):
@@ -55,18 +56,21 @@ def main() -> None:
     p.add_argument("--shapes", default="llama-1b,smollm2-135m-draft")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     args = p.parse_args()
-    print(f"{torch.cuda.get_device_name()}: µs a step (CUDA graphs), and a stage's share")
+    print(f"{torch.cuda.get_device_name()}: µs a step (CUDA graphs), a stage's share, the bytes' rate")
     for name in args.shapes.split(","):
         for rows in args.rows:
             step, layers = _tensors(name, rows)
             stages = step["shape"].num_layers * 6 + 2
+            moved = sum(t.numel() * t.element_size() for layer in layers for t in layer[:6])
+            moved += rows * CONTEXT * 2 * layers[0][6][0].numel() // BLOCK * step["k_cache"].element_size() * len(layers)
             for label, options in VARIANTS:
                 try:
                     us = _graph_time_us([lambda: persistent_decode_triton(**step, **options)], reps=50)
                 except ValueError as e:
                     print(f"{name} rows={rows} {label}: {e}", flush=True)
                     continue
-                print(f"{name} rows={rows} {label}: {us:.1f} µs a step, {us / stages:.2f} µs a stage", flush=True)
+                print(f"{name} rows={rows} {label}: {us:.1f} µs a step, {us / stages:.2f} µs a stage, "
+                      f"{moved / us / 1e6:.2f} TB/s of weights and KV", flush=True)
             del step, layers
             torch.cuda.empty_cache()
 

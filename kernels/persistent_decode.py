@@ -57,16 +57,25 @@ WQKV, WO, WGU, WD, NORM1, NORM2, KCACHE, VCACHE = (tl.constexpr(i) for i in rang
 
 
 @triton.jit
+def _address(row, column, dt: tl.constexpr):
+    """Layer table entry `column` as a pointer to dt, 16-byte aligned (layer_table checks it): the
+    compiler then vectorizes its loads (an address loaded from memory has no known alignment, and
+    weight loads would be 2 bytes a thread)."""
+    return tl.multiple_of(tl.load(row + column).to(tl.pointer_type(dt)), 16)
+
+
+@triton.jit
 def _gemv_item(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, y_ptr, item, M, N, stride_x, stride_y, eps, wait_ptr, wait_count,
                K: tl.constexpr, TILES: tl.constexpr, PROLOGUE: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr, DOT: tl.constexpr,
-               WAIT: tl.constexpr, PREFETCH: tl.constexpr):
+               WAIT: tl.constexpr, PREFETCH: tl.constexpr, REDUCE_EACH: tl.constexpr):
     """y[:, item's BLOCK_N columns] = prologue(x) @ w^T (skinny_gemm's program, no split)."""
     offs_n = item * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     acc = _skinny_acc(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, offs_n, n_mask, 0, item == 0,
                       M, stride_x, K, K, K, eps, K, TILES, PROLOGUE, PROLOGUE == 1,
-                      BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, False, DOT, wait_ptr, wait_count, WAIT, PREFETCH)
+                      BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, False, DOT, wait_ptr, wait_count, WAIT, PREFETCH,
+                      REDUCE_EACH)
     rows = tl.arange(0, BLOCK_M)
     tl.store(y_ptr + rows[:, None] * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(rows[:, None] < M) & n_mask[None, :])
@@ -80,17 +89,19 @@ def _persistent_decode_kernel(
     H: tl.constexpr, H_PAD: tl.constexpr, I: tl.constexpr, NUM_LAYERS: tl.constexpr,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, DOT: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
-    BN_D: tl.constexpr, BLOCK_K: tl.constexpr, ATT_BLOCK_N: tl.constexpr, GROUP_PAD: tl.constexpr,
+    BN_D: tl.constexpr, BK_QKV: tl.constexpr, BK_O: tl.constexpr, BK_GU: tl.constexpr, BK_D: tl.constexpr,
+    ATT_BLOCK_N: tl.constexpr, GROUP_PAD: tl.constexpr,
     SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, NORM_BLOCK: tl.constexpr, BARRIER: tl.constexpr,
     BAR_PAD: tl.constexpr, LAYER_STAGES: tl.constexpr, BARRIERS_ONLY: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, REDUCE_EACH: tl.constexpr = False,
 ):
     pid, P = tl.program_id(0), tl.num_programs(0)
     dt = embed_ptr.dtype.element_ty
     Q: tl.constexpr = NUM_HEADS * HEAD_DIM
-    T_H: tl.constexpr = (H + BLOCK_K - 1) // BLOCK_K  # K tiles of each GEMV
-    T_Q: tl.constexpr = (Q + BLOCK_K - 1) // BLOCK_K
-    T_I: tl.constexpr = (I + BLOCK_K - 1) // BLOCK_K
+    T_QKV: tl.constexpr = (H + BK_QKV - 1) // BK_QKV  # K tiles of each GEMV
+    T_O: tl.constexpr = (Q + BK_O - 1) // BK_O
+    T_GU: tl.constexpr = (H + BK_GU - 1) // BK_GU
+    T_D: tl.constexpr = (I + BK_D - 1) // BK_D
     for step in range(step_begin, step_end):
         layer = (step - 1) // LAYER_STAGES
         stage = (step - 1) % LAYER_STAGES
@@ -116,18 +127,18 @@ def _persistent_decode_kernel(
                 y = rms_norm_row(x_ptr, r0_ptr, final_norm_ptr, r1_ptr, m, H, H, H, eps, H, offs, offs < H, True)
                 tl.store(out_ptr + m * H + offs, y.to(out_ptr.dtype.element_ty), mask=offs < H)
         elif stage == 0:  # input norm + qkv + rope + KV write; the first W tile before the wait
-            k_cache = tl.load(row + KCACHE).to(tl.pointer_type(dt))
+            k_cache = _address(row, KCACHE, dt)
             for item in range(pid, (NUM_HEADS + 2 * NUM_KV_HEADS) * (HEAD_DIM // BN_QKV), P):
-                _rope_item(x_ptr, r0_ptr, tl.load(row + NORM1).to(tl.pointer_type(dt)), r1_ptr,
-                           tl.load(row + WQKV).to(tl.pointer_type(dt)), x_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
-                           q_ptr, k_cache, tl.load(row + VCACHE).to(tl.pointer_type(dt)), item,
+                _rope_item(x_ptr, r0_ptr, _address(row, NORM1, dt), r1_ptr,
+                           _address(row, WQKV, dt), x_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
+                           q_ptr, k_cache, _address(row, VCACHE, dt), item,
                            M, H, H, H, H, stride_cos_sin, Q, stride_cb, stride_cs, stride_ch, eps,
-                           H, T_H, True, False, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
-                           BLOCK_M, BN_QKV, BLOCK_K, NORM_BLOCK, False, DOT, wait,
-                           tl.where(item == pid, first, 0), BARRIER, PREFETCH)
+                           H, T_QKV, True, False, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
+                           BLOCK_M, BN_QKV, BK_QKV, NORM_BLOCK, False, DOT, wait,
+                           tl.where(item == pid, first, 0), BARRIER, PREFETCH, REDUCE_EACH)
         elif stage == 1:  # attention, split-K over the context
-            k_cache = tl.load(row + KCACHE).to(tl.pointer_type(dt))
-            v_cache = tl.load(row + VCACHE).to(tl.pointer_type(dt))
+            k_cache = _address(row, KCACHE, dt)
+            v_cache = _address(row, VCACHE, dt)
             for item in range(pid, M * NUM_KV_HEADS * num_splits, P):
                 if BARRIER:
                     grid_wait(wait, tl.where(item == pid, P, 0))
@@ -145,24 +156,24 @@ def _persistent_decode_kernel(
                     _decode_merge(att_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, Q, HEAD_DIM, NUM_HEADS,
                                   num_splits, item // NUM_HEADS, item % NUM_HEADS, HEAD_DIM, SPLITS_PAD)
         elif stage == 3:  # o_proj
-            w = tl.load(row + WO).to(tl.pointer_type(dt))
+            w = _address(row, WO, dt)
             for item in range(pid, tl.cdiv(H, BN_O), P):
                 _gemv_item(att_ptr, att_ptr, att_ptr, att_ptr, w, o_ptr, item, M, H, Q, H, eps, wait,
-                           tl.where(item == pid, first, 0), Q, T_Q, 0, BLOCK_M, BN_O, BLOCK_K, NORM_BLOCK, DOT, BARRIER,
-                           PREFETCH)
+                           tl.where(item == pid, first, 0), Q, T_O, 0, BLOCK_M, BN_O, BK_O, NORM_BLOCK, DOT, BARRIER,
+                           PREFETCH, REDUCE_EACH)
         elif stage == 4:  # post-attention norm (+ the residual) + gate_up
-            w = tl.load(row + WGU).to(tl.pointer_type(dt))
-            nw = tl.load(row + NORM2).to(tl.pointer_type(dt))
+            w = _address(row, WGU, dt)
+            nw = _address(row, NORM2, dt)
             for item in range(pid, tl.cdiv(2 * I, BN_GU), P):
                 _gemv_item(o_ptr, r1_ptr, nw, r0_ptr, w, gu_ptr, item, M, 2 * I, H, 2 * I, eps, wait,
-                           tl.where(item == pid, first, 0), H, T_H, 1, BLOCK_M, BN_GU, BLOCK_K, NORM_BLOCK, DOT,
-                           BARRIER, PREFETCH)
+                           tl.where(item == pid, first, 0), H, T_GU, 1, BLOCK_M, BN_GU, BK_GU, NORM_BLOCK, DOT,
+                           BARRIER, PREFETCH, REDUCE_EACH)
         else:  # silu * mul + down_proj
-            w = tl.load(row + WD).to(tl.pointer_type(dt))
+            w = _address(row, WD, dt)
             for item in range(pid, tl.cdiv(H, BN_D), P):
                 _gemv_item(gu_ptr, gu_ptr, gu_ptr, gu_ptr, w, x_ptr, item, M, H, 2 * I, H, eps, wait,
-                           tl.where(item == pid, first, 0), I, T_I, 2, BLOCK_M, BN_D, BLOCK_K, NORM_BLOCK, DOT,
-                           BARRIER, PREFETCH)
+                           tl.where(item == pid, first, 0), I, T_D, 2, BLOCK_M, BN_D, BK_D, NORM_BLOCK, DOT,
+                           BARRIER, PREFETCH, REDUCE_EACH)
         if BARRIER:
             if step + 1 < step_end:
                 grid_arrive(bar_ptr + 1 + step)
@@ -196,8 +207,11 @@ def persistent_decode_triton(
     num_warps: int = 8,
     programs_per_sm: int = 1,  # > 1: only where that many fit an SM at once (checked: else ValueError)
     barriers_only: bool = False,  # benchmarks: the launch's barriers without the stages' work
-    prefetch: bool = False,  # GEMV items keep two weight tiles in flight (_skinny_acc's PREFETCH; same bits)
-    block_k: int = 256,  # a GEMV's K tile
+    prefetch: bool = True,  # GEMV items keep two weight tiles in flight (_skinny_acc's PREFETCH; same bits)
+    block_k: int | None = None,  # every GEMV's K tile; None: one row's from tile_bytes a stage, else 256
+    tile_bytes: int = 32768,  # one row, block_k=None: a weight tile's bytes (K tile = tile_bytes / its columns)
+    max_block_n: int = 32,  # the o, gate_up and down items' most columns
+    reduce_each: bool = True,  # GEMV items sum each tile over K at once (_skinny_acc's REDUCE_EACH)
 ) -> torch.Tensor:
     """The decoder's final hidden states [M, H] (final norm applied) for one decode step; writes
     this step's k and v into every layer's cache."""
@@ -235,12 +249,15 @@ def persistent_decode_triton(
     consts = dict(
         H=h, H_PAD=triton.next_power_of_2(h), I=i, NUM_LAYERS=shape.num_layers, NUM_HEADS=hq, NUM_KV_HEADS=hk,
         HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], BLOCK_M=block_m, DOT=dot,
-        BN_QKV=_block_n((hq + 2 * hk) * d, programs, lo, d), BN_O=_block_n(h, programs, lo, 32),
-        BN_GU=_block_n(2 * i, programs, lo, 32), BN_D=_block_n(h, programs, lo, 32), BLOCK_K=block_k,
+        BN_QKV=_block_n((hq + 2 * hk) * d, programs, lo, d), BN_O=_block_n(h, programs, lo, max_block_n),
+        BN_GU=_block_n(2 * i, programs, lo, max_block_n), BN_D=_block_n(h, programs, lo, max_block_n),
         ATT_BLOCK_N=64, GROUP_PAD=max(16, triton.next_power_of_2(hq // hk)),
         SPLITS_PAD=triton.next_power_of_2(splits), DIRECT=splits == 1,
         NORM_BLOCK=max(256, min(triton.next_power_of_2(h), 8192 // block_m)),  # the norms are over H
     )
+    for stage, k in (("QKV", h), ("O", hq * d), ("GU", h), ("D", i)):  # a GEMV's K tile
+        tile = max(16, tile_bytes // (consts[f"BN_{stage}"] * embed.element_size()))
+        consts[f"BK_{stage}"] = block_k or (256 if dot else min(triton.next_power_of_2(k), tile))
     steps = shape.num_layers * STAGES + 2
     bar = barrier if barrier is not None else seq_lens
 
@@ -249,7 +266,7 @@ def persistent_decode_triton(
     strides = (splits, cos_sin_cache.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                block_tables.stride(0), eps, d ** -0.5 * LOG2E)
     consts.update(BARRIER=not staged, BAR_PAD=triton.next_power_of_2(counters(shape)), LAYER_STAGES=STAGES,
-                  BARRIERS_ONLY=barriers_only, PREFETCH=prefetch, num_warps=num_warps, num_stages=2)
+                  BARRIERS_ONLY=barriers_only, PREFETCH=prefetch, REDUCE_EACH=reduce_each, num_warps=num_warps, num_stages=2)
     if staged:
         for step in range(steps):
             _persistent_decode_kernel[(programs,)](*args, step, step + 1, *strides, **consts)

@@ -23,7 +23,7 @@ class DecoderShape(NamedTuple):
 
 def layer_table(layers: list[tuple[torch.Tensor, ...]], shape: DecoderShape) -> torch.Tensor:
     """[L, 8] int64 device addresses of each layer's (qkv_w, o_w, gate_up_w, down_w, norm1_w,
-    norm2_w, k_cache, v_cache), checked against `shape`. The caller keeps the tensors alive and
+    norm2_w, k_cache, v_cache), checked against `shape` and for 16-byte alignment. The caller keeps the tensors alive and
     builds the table again if any is replaced."""
     h, i, d = shape.hidden, shape.intermediate, shape.head_dim
     q, kv = shape.num_heads * d, shape.num_kv_heads * d
@@ -40,7 +40,10 @@ def layer_table(layers: list[tuple[torch.Tensor, ...]], shape: DecoderShape) -> 
         k, v = tensors[KCACHE], tensors[VCACHE]
         if k.shape != v.shape or k.stride() != layers[0][KCACHE].stride() or tuple(k.shape[2:]) != (shape.num_kv_heads, d):
             raise ValueError(f"layer {n}: k/v caches must be [blocks, block_size, {shape.num_kv_heads}, {d}] alike")
-    return torch.tensor([[t.data_ptr() for t in tensors] for tensors in layers], dtype=torch.int64, device=device)
+    addresses = [[t.data_ptr() for t in tensors] for tensors in layers]
+    if any(a % 16 for row in addresses for a in row):  # the kernel's loads assume it (vectorized)
+        raise ValueError("every tensor of the layer table must start at a 16-byte aligned address")
+    return torch.tensor(addresses, dtype=torch.int64, device=device)
 
 
 def counters(shape: DecoderShape) -> int:

@@ -76,20 +76,31 @@ def _a_finish(a, b, nw, inv_rms, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.conste
 
 
 @triton.jit
+def _gemv_term(w, a, REDUCE: tl.constexpr):
+    """A GEMV tile's fp32 products w [BLOCK_N, BLOCK_K] * a [1, BLOCK_K], summed over K when REDUCE."""
+    if REDUCE:
+        return tl.sum(w.to(tl.float32) * a.to(tl.float32), axis=1)
+    else:
+        return w.to(tl.float32) * a.to(tl.float32)
+
+
+@triton.jit
 def _skinny_acc(
     x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, offs_n, n_mask, k_begin, store_residual,
     M, stride_x, stride_r, stride_nr, stride_w, eps,
     K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr, DOT: tl.constexpr, wait_ptr=None, wait_count=0, WAIT: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, REDUCE_EACH: tl.constexpr = False,
 ):
     """fp32 acc [BLOCK_M, BLOCK_N] of rows 0..M-1 for the W rows offs_n (any set of columns: the
     fused rope kernel interleaves them) over the K tiles from k_begin; the PDL wait included.
     store_residual: this program writes the new residual (PROLOGUE_RMS with a residual).
     WAIT (a persistent kernel's item): grid_wait(wait_ptr, wait_count) where the PDL wait is.
     PREFETCH (GEMV): W tile t + 1 is loaded before tile t's products (two tiles in flight, the
-    second also before the wait); the same products summed in the same order: the same bits."""
+    second also before the wait); the same products summed in the same order: the same bits.
+    REDUCE_EACH (GEMV): each tile's products summed over K at once into a [BLOCK_N] accumulator, not
+    kept as a [BLOCK_N, BLOCK_K] one (other bits; the registers for large tiles in flight)."""
     rows = tl.arange(0, BLOCK_M)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     offs_k0 = k_begin + tl.arange(0, BLOCK_K)
@@ -122,7 +133,7 @@ def _skinny_acc(
     if BLOCK_M == 1:  # GEMV: elementwise products, one reduction at the end
         xa, xb, nw = _a_load(x_ptr, r_ptr, nw_ptr, rows, offs_k0, M, K, stride_x, stride_r,
                              PROLOGUE, HAS_RESIDUAL)
-        acc2 = w0.to(tl.float32) * _a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL).to(tl.float32)
+        acc2 = _gemv_term(w0, _a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL), REDUCE_EACH)
         for t in range(1, TILES_PER_SPLIT if PREFETCH else 1):  # tile t + 1 in flight during tile t's products
             offs_k = k_begin + t * BLOCK_K + tl.arange(0, BLOCK_K)
             nxt = offs_k + BLOCK_K
@@ -130,16 +141,18 @@ def _skinny_acc(
                          other=0.0)
             xa, xb, nw = _a_load(x_ptr, r_ptr, nw_ptr, rows, offs_k, M, K, stride_x, stride_r,
                                  PROLOGUE, HAS_RESIDUAL)
-            acc2 += w1.to(tl.float32) * _a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL).to(tl.float32)
+            acc2 += _gemv_term(w1, _a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL), REDUCE_EACH)
             w1 = w2
         for t in range(1, 1 if PREFETCH else TILES_PER_SPLIT):
             offs_k = k_begin + t * BLOCK_K + tl.arange(0, BLOCK_K)
             xa, xb, nw = _a_load(x_ptr, r_ptr, nw_ptr, rows, offs_k, M, K, stride_x, stride_r,
                                  PROLOGUE, HAS_RESIDUAL)
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-            a = _a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL)
-            acc2 += w.to(tl.float32) * a.to(tl.float32)
-        acc = tl.sum(acc2, axis=1)[None, :]
+            acc2 += _gemv_term(w, _a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL), REDUCE_EACH)
+        if REDUCE_EACH:
+            acc = acc2[None, :]
+        else:
+            acc = tl.sum(acc2, axis=1)[None, :]
     elif not DOT:  # the GEMV's loop with a row axis: [BLOCK_M, BLOCK_N, BLOCK_K] fp32 partial sums
         acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
         for t in range(TILES_PER_SPLIT):

@@ -68,10 +68,10 @@ def _rope_item(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr, DOT: tl.constexpr, wait_ptr=None, wait_count=0, WAIT: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, REDUCE_EACH: tl.constexpr = False,
 ):
-    """Program pid's work (the kernel's, and kernels/persistent_decode.py's work items; WAIT and
-    PREFETCH: as in `_skinny_acc`)."""
+    """Program pid's work (the kernel's, and kernels/persistent_decode.py's work items; WAIT,
+    PREFETCH and REDUCE_EACH: as in `_skinny_acc`)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     HB: tl.constexpr = BLOCK_N // 2
     RUNS: tl.constexpr = HALF // HB  # programs per head
@@ -82,7 +82,7 @@ def _rope_item(
     acc = _skinny_acc(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, offs_n, cols < BLOCK_N, 0, pid == 0,
                       M, stride_x, stride_r, stride_nr, stride_w, eps, K, TILES_PER_SPLIT, 1,
                       HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, DOT, wait_ptr, wait_count, WAIT,
-                      PREFETCH)
+                      PREFETCH, REDUCE_EACH)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
     dtype = x_ptr.dtype.element_ty

@@ -3,7 +3,8 @@
 layer's cache, touching no other cache row. Staged (a launch a stage, the Triton interpreter on CPU
 in float32; CUDA in bfloat16) against the model's regular path; on CUDA the persistent launch (one
 launch, a grid barrier between stages) is bit for bit its staged launches, at the SM count and
-with 3 programs (many items each) and with two weight tiles in flight, and leaves its barrier counters at zero; more programs than
+with 3 programs (many items each), with two weight tiles in flight and with large tiles summed
+a tile at a time (`TILED`), and leaves its barrier counters at zero; more programs than
 the SMs hold at once are refused before the launch. Models outside its
 scope are refused with the reason."""
 
@@ -24,6 +25,9 @@ ROWS = [1, 3, 8] if ON_CUDA else [1, 3]
 # (blocks, prompt length) of up to 8 requests: contexts across block boundaries
 REQUESTS = [([1, 2, 3], 20), ([4, 5], 13), ([6], 1), ([7, 8], 16), ([9, 10, 11], 33), ([12], 7),
             ([13, 14], 17), ([15, 16, 17], 40)]
+# large weight tiles (K tiles from a tile's bytes: here small, several a GEMV), each summed over K at
+# once, two in flight, up to 64 columns an item: other bits than the default launch, the same tolerance
+TILED = dict(block_k=None, tile_bytes=64, max_block_n=64, reduce_each=True, prefetch=True)
 
 
 def triton_test(fn):
@@ -74,9 +78,11 @@ def test_one_launch_gives_the_model_s_hidden_states_and_cache(arch, rows, demo_d
         plain, pre = (persistent(ids, positions, step, _clone(caches), staged=True, prefetch=p, block_k=16)
                       for p in (False, True))  # 16-wide K tiles: several a GEMV
         assert torch.equal(plain, pre)
+        tiled = persistent(ids, positions, step, _clone(caches), staged=True, **TILED)
     tol = 3e-2 if ON_CUDA else 1e-4
     assert got.shape == want.shape and torch.isfinite(got).all()
     assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol), (got - want).abs().max()
+    assert torch.allclose(tiled.float(), want.float(), rtol=tol, atol=tol), (tiled - want).abs().max()
     written = step.slot_mapping
     for new, ref, old in zip(ours_caches, caches, before):
         for ours, theirs, prev in ((new.k, ref.k, old.k), (new.v, ref.v, old.v)):
@@ -86,13 +92,15 @@ def test_one_launch_gives_the_model_s_hidden_states_and_cache(arch, rows, demo_d
             keep[written] = False
             assert torch.equal(flat[keep], flat_old[keep])  # no other row touched
     if ON_CUDA:  # the persistent launch is its staged launches, bit for bit
-        for programs, prefetch in ((None, False), (3, False), (None, True)):
+        for programs, launch, staged in ((None, {}, got), (3, {}, got), (None, dict(prefetch=True), got),
+                                         (None, TILED, tiled), (5, TILED, tiled)):
             again = _clone(caches)
             with torch.inference_mode():
-                one = persistent(ids, positions, step, again, num_programs=programs, prefetch=prefetch)
+                one = persistent(ids, positions, step, again, num_programs=programs, **launch)
             torch.cuda.synchronize()
-            assert torch.equal(one, got), programs
-            assert all(torch.equal(a.k, b.k) and torch.equal(a.v, b.v) for a, b in zip(again, ours_caches))
+            assert torch.equal(one, staged), (programs, launch)
+            if staged is got:
+                assert all(torch.equal(a.k, b.k) and torch.equal(a.v, b.v) for a, b in zip(again, ours_caches))
             assert not persistent.barrier.any()  # every counter back to zero
         m = persistent.model  # more programs than the SMs hold at once would never pass a barrier: refused
         with pytest.raises(ValueError, match="do not fit"):
