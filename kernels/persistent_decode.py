@@ -11,7 +11,8 @@ and walks the step's *stages* in order, a grid-wide barrier between two stages:
       qkv + rope    R1 = X + R0; qkv = rmsnorm(R1) @ Wqkv; rope;      items: (Hq + 2 Hk) D / BN_QKV
                     q -> Q, k and v -> the paged cache
       attention     the split-K decode attention's programs           items: rows * Hk * splits
-      merge         its reduce (skipped with one split)              items: rows * Hq
+                    (merge_last: a (row, kv head)'s last split done merges its heads)
+      merge         its reduce (skipped with one split, merge_last)  items: rows * Hq
       o_proj        O = ATT @ Wo                                     items: H / BN_O
       gate_up       R0 = O + R1; GU = rmsnorm(R0) @ Wgu              items: 2 I / BN_GU
       down          X = (silu(gate) * up) @ Wd                       items: H / BN_D
@@ -25,9 +26,13 @@ table of addresses [L, 8] (`layer_table`), so nothing is copied or restacked.
 The grid barriers (kernels/grid_sync.py): a counter per barrier, `counters(shape)` int32 in all;
 a program arrives when its items of a stage are done, and waits in its first item of the next
 stage -- a GEMV item after loading its first weight tile, so the barrier's latency hides behind
-that load. The last program out (counter 0 counts exits) zeroes every counter, so each launch
-starts from zero and a CUDA graph replays it unchanged. Every program must be resident at once:
-P <= the SM count, one program an SM (8 warps, 255 registers, 12 KB shared at llama-1b).
+that load. The last program out (counter 0 counts exits) zeroes every barrier counter, and the
+last split of a (row, kv head) its split counter, so each launch starts from zero and a CUDA graph
+replays it unchanged. Every program must be resident at once: P <= the SM count, one program an
+SM (8 warps, up to 255 registers). The table's addresses are 16-byte aligned (checked) and
+hinted so, or the weight loads would be 2 bytes a thread. One-row GEMV items load weight tiles of
+~tile_bytes (K tiles per stage), two in flight, each summed over K at once (a [BLOCK_N] fp32
+accumulator: the registers for large tiles).
 
 staged=True launches each stage apart (one launch a stage, no barrier): the same code, run by the
 Triton interpreter on CPU (which runs programs one after another, so a spinning barrier would never
@@ -47,11 +52,10 @@ import triton.language as tl
 from kernels.attention_decode import LOG2E, MAX_SPLITS, _decode_merge, _decode_split
 from kernels.grid_sync import grid_arrive, grid_wait
 from kernels.norm import rms_norm_row
-from kernels.persistent_layout import STAGES, DecoderShape, counters, layer_table  # noqa: F401 - public
+from kernels.persistent_layout import MAX_ROWS, STAGES, DecoderShape, counters, layer_table  # noqa: F401 - public
 from kernels.skinny_gemm import _skinny_acc
 from kernels.skinny_rope import _rope_item
 
-MAX_ROWS = 8
 # layer_table's columns, as the kernel reads them
 WQKV, WO, WGU, WD, NORM1, NORM2, KCACHE, VCACHE = (tl.constexpr(i) for i in range(8))
 
@@ -62,6 +66,20 @@ def _address(row, column, dt: tl.constexpr):
     compiler then vectorizes its loads (an address loaded from memory has no known alignment, and
     weight loads would be 2 bytes a thread)."""
     return tl.multiple_of(tl.load(row + column).to(tl.pointer_type(dt)), 16)
+
+
+@triton.jit
+def _merge_if_last(att_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, count_ptr, num_splits, seq, kv_head, stride_os,
+                   NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    """Counts this split of (seq, kv_head) done; the last of its splits merges the group's heads and
+    sets the count back to zero (for the next layer, past a grid barrier)."""
+    tl.debug_barrier()  # every thread's partials are stored before the one thread's release
+    if tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+        tl.debug_barrier()  # the acquire (one thread) before any thread reads the other splits' partials
+        for g in range(GROUP):
+            _decode_merge(att_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_os, HEAD_DIM, NUM_HEADS, num_splits,
+                          seq, kv_head * GROUP + g, HEAD_DIM, SPLITS_PAD)
+        tl.store(count_ptr, 0)
 
 
 @triton.jit
@@ -93,9 +111,10 @@ def _persistent_decode_kernel(
     ATT_BLOCK_N: tl.constexpr, GROUP_PAD: tl.constexpr,
     SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, NORM_BLOCK: tl.constexpr, BARRIER: tl.constexpr,
     BAR_PAD: tl.constexpr, LAYER_STAGES: tl.constexpr, BARRIERS_ONLY: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False, REDUCE_EACH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, REDUCE_EACH: tl.constexpr = False, MERGE_LAST: tl.constexpr = False,
 ):
     pid, P = tl.program_id(0), tl.num_programs(0)
+    BAR_MERGE: tl.constexpr = NUM_LAYERS * LAYER_STAGES + 3  # the split counters' offset in bar_ptr
     dt = embed_ptr.dtype.element_ty
     Q: tl.constexpr = NUM_HEADS * HEAD_DIM
     T_QKV: tl.constexpr = (H + BK_QKV - 1) // BK_QKV  # K tiles of each GEMV
@@ -142,14 +161,18 @@ def _persistent_decode_kernel(
             for item in range(pid, M * NUM_KV_HEADS * num_splits, P):
                 if BARRIER:
                     grid_wait(wait, tl.where(item == pid, P, 0))
+                seq, kv_head = item // (NUM_KV_HEADS * num_splits), (item // num_splits) % NUM_KV_HEADS
                 _decode_split(q_ptr, k_cache, v_cache, bt_ptr, seq_lens_ptr, att_ptr, part_acc_ptr, part_m_ptr,
                               part_l_ptr, seq_lens_ptr, seq_lens_ptr, qk_scale, Q, HEAD_DIM,
                               stride_cb, stride_cs, stride_ch, stride_bt, Q, HEAD_DIM, num_splits, 0,
-                              item // (NUM_KV_HEADS * num_splits), (item // num_splits) % NUM_KV_HEADS,
-                              item % num_splits, NUM_KV_HEADS, NUM_HEADS // NUM_KV_HEADS, GROUP_PAD, HEAD_DIM,
-                              BLOCK_SIZE, ATT_BLOCK_N, DIRECT, False, False, False)
+                              seq, kv_head, item % num_splits, NUM_KV_HEADS, NUM_HEADS // NUM_KV_HEADS, GROUP_PAD,
+                              HEAD_DIM, BLOCK_SIZE, ATT_BLOCK_N, DIRECT, False, False, False)
+                if MERGE_LAST and not DIRECT:  # the (row, kv head)'s last split done merges its heads
+                    _merge_if_last(att_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+                                   bar_ptr + BAR_MERGE + seq * NUM_KV_HEADS + kv_head, num_splits, seq, kv_head,
+                                   Q, NUM_HEADS, NUM_HEADS // NUM_KV_HEADS, HEAD_DIM, SPLITS_PAD)
         elif stage == 2:  # merge the splits
-            if not DIRECT:
+            if not DIRECT and not MERGE_LAST:
                 for item in range(pid, M * NUM_HEADS, P):
                     if BARRIER:
                         grid_wait(wait, tl.where(item == pid, P, 0))
@@ -212,6 +235,9 @@ def persistent_decode_triton(
     tile_bytes: int = 32768,  # one row, block_k=None: a weight tile's bytes (K tile = tile_bytes / its columns)
     max_block_n: int = 32,  # the o, gate_up and down items' most columns
     reduce_each: bool = True,  # GEMV items sum each tile over K at once (_skinny_acc's REDUCE_EACH)
+    merge_last: bool = True,  # a (row, kv head)'s last attention split merges the splits (no merge stage)
+    num_splits: int | None = None,  # attention splits of the context (tests; default: from the programs)
+    attention_block_n: int = 64,  # context tokens an attention tile
 ) -> torch.Tensor:
     """The decoder's final hidden states [M, H] (final norm applied) for one decode step; writes
     this step's k and v into every layer's cache."""
@@ -237,7 +263,7 @@ def persistent_decode_triton(
     dot = m > 1  # 2..8 rows: one 16-row tl.dot tile (skinny_gemm.py)
     lo = 16 if dot else 2
     max_context = block_tables.shape[1] * k_cache.shape[1]
-    splits = max(1, min(programs // (m * hk), MAX_SPLITS, triton.cdiv(max_context, 64)))
+    splits = num_splits or max(1, min(programs // (m * hk), MAX_SPLITS, triton.cdiv(max_context, attention_block_n)))
     f32 = dict(device=dev, dtype=torch.float32)
     new = dict(device=dev, dtype=embed.dtype)
     i = shape.intermediate
@@ -251,7 +277,7 @@ def persistent_decode_triton(
         HEAD_DIM=d, BLOCK_SIZE=k_cache.shape[1], BLOCK_M=block_m, DOT=dot,
         BN_QKV=_block_n((hq + 2 * hk) * d, programs, lo, d), BN_O=_block_n(h, programs, lo, max_block_n),
         BN_GU=_block_n(2 * i, programs, lo, max_block_n), BN_D=_block_n(h, programs, lo, max_block_n),
-        ATT_BLOCK_N=64, GROUP_PAD=max(16, triton.next_power_of_2(hq // hk)),
+        ATT_BLOCK_N=attention_block_n, GROUP_PAD=max(16, triton.next_power_of_2(hq // hk)),
         SPLITS_PAD=triton.next_power_of_2(splits), DIRECT=splits == 1,
         NORM_BLOCK=max(256, min(triton.next_power_of_2(h), 8192 // block_m)),  # the norms are over H
     )
@@ -259,14 +285,15 @@ def persistent_decode_triton(
         tile = max(16, tile_bytes // (consts[f"BN_{stage}"] * embed.element_size()))
         consts[f"BK_{stage}"] = block_k or (256 if dot else min(triton.next_power_of_2(k), tile))
     steps = shape.num_layers * STAGES + 2
-    bar = barrier if barrier is not None else seq_lens
+    bar = barrier if barrier is not None else torch.zeros(counters(shape), dtype=torch.int32, device=dev)
 
     args = (input_ids, embed, positions, slot_mapping, block_tables, seq_lens, cos_sin_cache, table, final_norm,
             out, x, r0, r1, q, att, o, gu, part_acc, part_m, part_l, bar, m)
     strides = (splits, cos_sin_cache.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                block_tables.stride(0), eps, d ** -0.5 * LOG2E)
     consts.update(BARRIER=not staged, BAR_PAD=triton.next_power_of_2(counters(shape)), LAYER_STAGES=STAGES,
-                  BARRIERS_ONLY=barriers_only, PREFETCH=prefetch, REDUCE_EACH=reduce_each, num_warps=num_warps, num_stages=2)
+                  BARRIERS_ONLY=barriers_only, PREFETCH=prefetch, REDUCE_EACH=reduce_each,
+                  MERGE_LAST=merge_last, num_warps=num_warps, num_stages=2)
     if staged:
         for step in range(steps):
             _persistent_decode_kernel[(programs,)](*args, step, step + 1, *strides, **consts)

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 STAGES = 6  # a layer's stages (the kernel's LAYER_STAGES)
+MAX_ROWS = 8  # a step's most rows
 # layer_table's columns
 WQKV, WO, WGU, WD, NORM1, NORM2, KCACHE, VCACHE = range(8)
 
@@ -47,5 +48,6 @@ def layer_table(layers: list[tuple[torch.Tensor, ...]], shape: DecoderShape) -> 
 
 
 def counters(shape: DecoderShape) -> int:
-    """The barrier counters a launch takes: one for exits, one a barrier between two steps."""
-    return shape.num_layers * STAGES + 3
+    """The int32 counters a launch takes: one for exits, one a barrier between two steps, then one
+    a (row, kv head) counting its attention splits done (the last one merges them)."""
+    return shape.num_layers * STAGES + 3 + MAX_ROWS * shape.num_kv_heads

@@ -26,8 +26,10 @@ ROWS = [1, 3, 8] if ON_CUDA else [1, 3]
 REQUESTS = [([1, 2, 3], 20), ([4, 5], 13), ([6], 1), ([7, 8], 16), ([9, 10, 11], 33), ([12], 7),
             ([13, 14], 17), ([15, 16, 17], 40)]
 # large weight tiles (K tiles from a tile's bytes: here small, several a GEMV), each summed over K at
-# once, two in flight, up to 64 columns an item: other bits than the default launch, the same tolerance
-TILED = dict(block_k=None, tile_bytes=64, max_block_n=64, reduce_each=True, prefetch=True)
+# once, two in flight, up to 64 columns an item; the context in 3 attention splits of 16-token tiles,
+# merged by each (row, kv head)'s last split: other bits than the default launch, the same tolerance
+TILED = dict(block_k=None, tile_bytes=64, max_block_n=64, reduce_each=True, prefetch=True, num_splits=3,
+             attention_block_n=16)
 
 
 def triton_test(fn):
@@ -79,6 +81,8 @@ def test_one_launch_gives_the_model_s_hidden_states_and_cache(arch, rows, demo_d
                       for p in (False, True))  # 16-wide K tiles: several a GEMV
         assert torch.equal(plain, pre)
         tiled = persistent(ids, positions, step, _clone(caches), staged=True, **TILED)
+        merge_stage = persistent(ids, positions, step, _clone(caches), staged=True, **TILED, merge_last=False)
+        assert torch.equal(tiled, merge_stage)  # the same merge, in the split or in a stage of its own
     tol = 3e-2 if ON_CUDA else 1e-4
     assert got.shape == want.shape and torch.isfinite(got).all()
     assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol), (got - want).abs().max()
