@@ -116,6 +116,9 @@ def _skinny_acc(
         tl.extra.cuda.gdc_launch_dependents()
     if WAIT:
         grid_wait(wait_ptr, wait_count)
+    if BLOCK_M == 1 and WAIT:  # a persistent GEMV's first activation tile in flight with the norm's loads
+        xa, xb, nw = _a_load(x_ptr, r_ptr, nw_ptr, rows, offs_k0, M, K, stride_x, stride_r,
+                             PROLOGUE, HAS_RESIDUAL)
     inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PROLOGUE == 1:  # sum of squares of the whole row; one program stores the new residual
         sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -131,8 +134,9 @@ def _skinny_acc(
             sum_sq += tl.sum(hf * hf, axis=1)
         inv_rms = tl.rsqrt(sum_sq / K + eps)
     if BLOCK_M == 1:  # GEMV: elementwise products, one reduction at the end
-        xa, xb, nw = _a_load(x_ptr, r_ptr, nw_ptr, rows, offs_k0, M, K, stride_x, stride_r,
-                             PROLOGUE, HAS_RESIDUAL)
+        if not WAIT:
+            xa, xb, nw = _a_load(x_ptr, r_ptr, nw_ptr, rows, offs_k0, M, K, stride_x, stride_r,
+                                 PROLOGUE, HAS_RESIDUAL)
         acc2 = _gemv_term(w0, _a_finish(xa, xb, nw, inv_rms, PROLOGUE, HAS_RESIDUAL), REDUCE_EACH)
         for t in range(1, TILES_PER_SPLIT if PREFETCH else 1):  # tile t + 1 in flight during tile t's products
             offs_k = k_begin + t * BLOCK_K + tl.arange(0, BLOCK_K)
