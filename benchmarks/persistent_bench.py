@@ -21,7 +21,6 @@ CONTEXT, BLOCK = 512, 16
 # (label, launch options); the defaults: one row's GEMV weight tiles of 32 KB, each summed over K at once, two in flight
 VARIANTS = [("defaults", {}), ("16 KB tiles", dict(tile_bytes=16384)),
             ("64 KB tiles, one in flight", dict(tile_bytes=65536, prefetch=False)),
-            ("gate_up items of up to 128 columns", dict(max_block_n=128)),
             ("the merge in a stage of its own", dict(merge_last=False)),
             ("K tiles of 256 kept [N, K] (before)", dict(block_k=256, reduce_each=False, prefetch=False)),
             ("barriers only", dict(barriers_only=True))]
