@@ -2,7 +2,7 @@
 replays at llama-1b's and SmolLM2's shapes (random bf16 weights, a 512-token context), for launch
 variants, and the same launch with its barriers only (no stage's work): what the barriers cost.
 
-    python -m benchmarks.persistent_bench [--shapes llama-1b,smollm2-135m-draft] [--rows 1 8]
+    python -m benchmarks.persistent_bench [--shapes llama-1b,smollm2-135m-draft] [--rows 1 8] [--variants 0 5]
 
 Compare with `python -m benchmarks.w4_ab --batches 1,8 [--persistent-decode]` (the whole step
 through the executor, lm_head and sampling included)."""
@@ -55,6 +55,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="llama-1b,smollm2-135m-draft")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--variants", type=int, nargs="+", default=None, help="indices into VARIANTS (default: all)")
     args = p.parse_args()
     print(f"{torch.cuda.get_device_name()}: µs a step (CUDA graphs), a stage's share, the bytes' rate")
     for name in args.shapes.split(","):
@@ -63,7 +64,7 @@ def main() -> None:
             stages = step["shape"].num_layers * 6 + 2
             moved = sum(t.numel() * t.element_size() for layer in layers for t in layer[:6])
             moved += rows * CONTEXT * 2 * layers[0][6][0].numel() // BLOCK * step["k_cache"].element_size() * len(layers)
-            for label, options in VARIANTS:
+            for label, options in [VARIANTS[v] for v in args.variants] if args.variants else VARIANTS:
                 try:
                     us = _graph_time_us([lambda: persistent_decode_triton(**step, **options)], reps=50)
                 except ValueError as e:
