@@ -108,7 +108,7 @@ def _skinny_acc(
     if BLOCK_M == 1:  # the GEMV's first W tile: weights, never written by a step, so before the wait
         w0 = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] & (offs_k0[None, :] < K), other=0.0)
     w1 = w0
-    if PREFETCH and BLOCK_M == 1:
+    if PREFETCH and BLOCK_M == 1 and TILES_PER_SPLIT > 1:  # (one tile: nothing to prefetch)
         w1 = tl.load(w_rows + offs_k0[None, :] + BLOCK_K, mask=n_mask[:, None] & (offs_k0[None, :] + BLOCK_K < K),
                      other=0.0)
     if USE_PDL:  # programmatic dependent launch: the previous kernel's outputs are visible past here
