@@ -2,8 +2,8 @@
 barrier. A program arrives (`grid_arrive`: a release atomic add, one thread, after a CTA barrier so
 that all its threads' stores come before it) and, before reading what the other programs wrote
 ahead of the barrier, waits (`grid_wait`: one thread's acquire loads until the counter reaches
-the program count, then a CTA barrier). Between the two it may load what no program writes (weights): the barrier's latency
-hides behind those loads. A counter per barrier (not one counter for all) lets a program with
+the program count, then a CTA barrier). Between the two it may load what no program writes
+(weights): the barrier's latency hides behind those loads. A counter per barrier (not one counter for all) lets a program with
 nothing to do in a stage arrive at the next barrier without waiting at this one: it reads
 nothing, and whoever waits for the next barrier sees its earlier arrivals too. Every program of
 the grid must be resident at once; the interpreter, which runs programs one after another, must

@@ -24,8 +24,8 @@ class DecoderShape(NamedTuple):
 
 def layer_table(layers: list[tuple[torch.Tensor, ...]], shape: DecoderShape) -> torch.Tensor:
     """[L, 8] int64 device addresses of each layer's (qkv_w, o_w, gate_up_w, down_w, norm1_w,
-    norm2_w, k_cache, v_cache), checked against `shape` and for 16-byte alignment. The caller keeps the tensors alive and
-    builds the table again if any is replaced."""
+    norm2_w, k_cache, v_cache), checked against `shape` and for 16-byte alignment. The caller keeps
+    the tensors alive and builds the table again if any is replaced."""
     h, i, d = shape.hidden, shape.intermediate, shape.head_dim
     q, kv = shape.num_heads * d, shape.num_kv_heads * d
     want = ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i), (h,), (h,))
