@@ -2,7 +2,8 @@
 # The executor's host path, this tree against OLD_TREE (an export of the commit to compare with),
 # alternating in one call (lent machines differ: quote ratios): the launch profile of decode steps
 # (benchmarks/launch_profile.py) and a verify step's cost (benchmarks/spec_step_cost.py), llama-1b;
-# WHAT=w4: a decode step's device time against the floor (benchmarks/w4_ab.py; W4_SHAPES, W4_BATCHES).
+# WHAT=w4: a decode step's device time against the floor (benchmarks/w4_ab.py; W4_SHAPES, W4_BATCHES,
+# W4_ARGS: more of its flags for both trees, e.g. --persistent-decode).
 #   [WHAT=launch|verify|w4] bash benchmarks/ab_host.sh OLD_TREE[,OLD_TREE2..] [ROUNDS]     (launch and verify by default)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ for r in $(seq "$rounds"); do
       if [ "${WHAT:-both}" = w4 ]; then
         for shape in ${W4_SHAPES:-llama-1b smollm2-135m-draft}; do  # one process a shape: its own KV budget
           timeout 300 python3 -m benchmarks.w4_ab --shapes "$shape" --batches "${W4_BATCHES:-1,8,64}" \
-            --label "$label r$r" 2>&1 | grep "^W4 "
+            --label "$label r$r" ${W4_ARGS:-} 2>&1 | grep "^W4 "
         done
       fi
       if [ "${WHAT:-both}" != verify ] && [ "${WHAT:-both}" != w4 ]; then
