@@ -61,9 +61,10 @@ def main() -> None:
     for name in args.shapes.split(","):
         for rows in args.rows:
             step, layers = _tensors(name, rows)
-            stages = step["shape"].num_layers * 6 + 2
+            shape = step["shape"]  # bytes a step reads: every weight, and k and v of each row's context
+            stages = shape.num_layers * 6 + 2
             moved = sum(t.numel() * t.element_size() for layer in layers for t in layer[:6])
-            moved += rows * CONTEXT * 2 * layers[0][6][0].numel() // BLOCK * step["k_cache"].element_size() * len(layers)
+            moved += shape.num_layers * rows * CONTEXT * 2 * shape.num_kv_heads * shape.head_dim * 2
             for label, options in [VARIANTS[v] for v in args.variants] if args.variants else VARIANTS:
                 try:
                     us = _graph_time_us([lambda: persistent_decode_triton(**step, **options)], reps=50)
