@@ -191,6 +191,40 @@ def test_w8a8_backends(backend, strategy, block, dtype, reference_quantization):
 
 
 @triton_test
+@pytest.mark.parametrize("strategy,block", STRATEGIES + [("block", (64, 96))])
+@pytest.mark.parametrize("m", tier([17, 100, 256], [100]))
+def test_w8a8_every_config_and_determinism(m, strategy, block, reference_quantization):
+    """Each Triton candidate that fits (split-K, a last split's K tiles past K included) and the
+    tuned pick match the w8a8 reference and repeat bit for bit; bk = 96 runs 32-deep K tiles."""
+    from kernels.fp8_w8a8 import W8A8_CONFIGS, W8A8Config, w8a8_fits, w8a8_linear_triton
+
+    n, k = (2048, 2048) if ON_CUDA else (96, 320)
+    dtype = DTYPE if ON_CUDA else torch.float16
+    w, s, b = fp8_case(n, k, strategy, block, seed=7, device=DEVICE)
+    x, b = _x(m, k, dtype, seed=m, device=DEVICE), b.to(dtype)
+    expected = ref.w8a8_linear_reference(x, w, s, strategy, block, b)
+    k_tile_max = ref.pow2_divisor(block[1], 256) if block else 256
+    configs = list(W8A8_CONFIGS) if ON_CUDA else [W8A8Config(16, 16, 32, 4, 1), W8A8Config(32, 16, 32, 4, 1, 3)]
+    tried = [c for c in configs if w8a8_fits(c, k, k_tile_max)]
+    assert any(c.split_k > 1 for c in tried)
+    for cfg in tried + [None]:
+        runs = [w8a8_linear_triton(x, w, s, strategy, block, b, backend="triton", config=cfg) for _ in range(2)]
+        assert rel_err(runs[0], expected) < tolerance(dtype), cfg
+        assert torch.equal(runs[0], runs[1]), f"not deterministic: {cfg}"
+
+
+@triton_test
+def test_w8a8_default_config_splits_k_where_the_grid_is_small():
+    """llama-1b at 256 rows: qkv, o and down ([128, 128] tiles: 48, 32, 32 programs) split K 4 ways,
+    gate_up (256 programs) not; prefill-sized grids never split; block weights keep K tiles in bk."""
+    from kernels.fp8_w8a8 import W8A8Config, w8a8_default_config
+
+    assert [w8a8_default_config(256, n, k).split_k for n, k in MODEL_SHAPES[:4]] == [4, 4, 1, 4]
+    assert w8a8_default_config(4096, 2048, 8192) == W8A8Config(128, 128, 128, 8, 3, 1)
+    assert w8a8_default_config(100, 2048, 2048, 32) == W8A8Config(128, 128, 32, 8, 3, 4)
+
+
+@triton_test
 @pytest.mark.parametrize("group", [128, 2048, 48])
 def test_activation_quantization_kernel_matches_the_reference(group):
     from kernels.fp8_w8a8 import quantize_activations_triton
