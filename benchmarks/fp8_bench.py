@@ -5,7 +5,8 @@
 Small M (w8a16 serves up to 64 rows): bf16 cuBLAS (F.linear), the w8a16 kernel (channel and
 128x128 block scales) and the dequantize path (dequantize to bf16 + F.linear, the former
 forward). Large M: bf16 cuBLAS vs w8a8 (dynamic per-token / per-group activation quantization
-included): channel scales through torch._scaled_mm, block scales through the Triton
+included): channel scales through torch._scaled_mm, through the Triton GEMM (its tuned config)
+and "auto" (the faster of both, tuned per shape up to 512 rows), block scales through the Triton
 block-scaled GEMM; "w8a8 chan prequant" is `_scaled_mm` on activations quantized already (what
 the model runs after a fused norm / SiLU, kernels/fp8_fused.py), and layer "prologue" times
 those kernels (rms_norm + residual at K 2048, silu_and_mul at I 8192) plain, fused with the
@@ -96,7 +97,8 @@ def main() -> None:
             x = torch.randn(m, k, device="cuda", dtype=dt)
             base = _time([partial(F.linear, x, w) for w in dense])
             record(layer, n, k, m, "bf16 cuBLAS", base, 2 * n * k, base)
-            for strategy, backend in (("channel", "scaled_mm"), ("channel", "triton"), ("block", "triton")):
+            for strategy, backend in (("channel", "scaled_mm"), ("channel", "triton"), ("channel", "auto"),
+                                      ("block", "triton")):
                 block = BLOCK if strategy == "block" else None
                 us = _time([partial(w8a8_linear_triton, x, w, s, strategy, block, backend=backend)
                             for w, s in fp8[strategy]])
