@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.fp8_weight import FP8, Fp8Weight
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_KV_DTYPE = torch.float8_e4m3fn  # the one FP8 KV-cache dtype (vLLM's fp8 / fp8_e4m3)
 
@@ -90,14 +92,22 @@ def check_skinny_args(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
     """Raises ValueError on bad skinny GEMM arguments (kernels/skinny_gemm.py; gated: x is
     gate | up, 2K columns); returns the tensors given, by name."""
     check_tensor("x", x, 2)
-    check_tensor("w", w, 2, (x.dtype,))
+    tensors = {"x": x}
+    if isinstance(w, Fp8Weight):  # e4m3 with a per-tensor or per-channel scale (kernels/fp8_weight.py)
+        check_tensor("w.q", w.q, 2, (FP8,))
+        check_tensor("w.scale", w.scale, 1, (torch.float32,))
+        if w.scale.shape[0] not in (1, w.q.shape[0]) or not w.scale.is_contiguous():
+            raise ValueError(f"w.scale must be contiguous [1] or [{w.q.shape[0]}], got {tuple(w.scale.shape)}")
+        tensors["w_scale"], w = w.scale, w.q
+    else:
+        check_tensor("w", w, 2, (x.dtype,))
     m, (n, k) = x.shape[0], w.shape
     if not 1 <= m <= max_rows:
         raise ValueError(f"skinny kernels take 1..{max_rows} rows, got {m}")
     a_cols = 2 * k if gated else k
     if x.shape[1] != a_cols:
         raise ValueError(f"x has {x.shape[1]} columns, weight {tuple(w.shape)} needs {a_cols}")
-    tensors = {"x": x, "w": w}
+    tensors["w"] = w
     for name, t, size in (("bias", bias, n), ("norm_weight", norm_weight, k)):
         if t is not None:
             check_tensor(name, t, 1)

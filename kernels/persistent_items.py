@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention_decode import _decode_merge
-from kernels.skinny_gemm import _skinny_acc
+from kernels.skinny_acc import _skinny_acc
 
 
 @triton.jit

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.fp8_weight import float_weight
 from kernels.reference_attention import (  # noqa: F401 - re-exported: the references live here by contract
     FP8_MAX,
     dequantize_kv_reference,
@@ -63,8 +64,9 @@ def skinny_linear_reference(
     w: torch.Tensor,  # [N, K]
     bias: torch.Tensor | None = None,  # [N]
 ) -> torch.Tensor:
-    """x @ w^T (+ bias): the product and the bias add in float32, rounded once to x's dtype."""
-    y = x.float() @ w.float().t()
+    """x @ w^T (+ bias): the product and the bias add in float32, rounded once to x's dtype; w a
+    tensor or an Fp8Weight (dequantized in float32)."""
+    y = x.float() @ float_weight(w).t()
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)

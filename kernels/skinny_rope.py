@@ -36,7 +36,9 @@ import triton
 import triton.language as tl
 
 from kernels._checks import check_power_of_two, check_same_device, check_skinny_args, check_tensor
-from kernels.skinny_gemm import PROLOGUE_RMS, _skinny_acc
+from kernels.fp8_weight import Fp8Weight, unpack_weight
+from kernels.skinny_acc import _skinny_acc, _w_scaled
+from kernels.skinny_gemm import PROLOGUE_RMS
 from kernels.skinny_tune import (
     MAX_M, SkinnyConfig, launch_constants, pick_config, rope_default_config, rope_fits,
 )
@@ -50,13 +52,13 @@ def _skinny_rope_kernel(
     K: tl.constexpr, TILES_PER_SPLIT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr = False, DOT: tl.constexpr = True,
+    USE_PDL: tl.constexpr = False, DOT: tl.constexpr = True, ws_ptr=None, W_SCALE: tl.constexpr = 0,
 ):
     _rope_item(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, bias_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
                q_ptr, k_cache_ptr, v_cache_ptr, tl.program_id(0),
                M, stride_x, stride_r, stride_nr, stride_w, stride_cos_sin, stride_q, stride_cb, stride_cs, stride_ch,
                eps, K, TILES_PER_SPLIT, HAS_RESIDUAL, HAS_BIAS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
-               BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, DOT)
+               BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, DOT, ws_ptr=ws_ptr, W_SCALE=W_SCALE)
 
 
 @triton.jit
@@ -68,10 +70,10 @@ def _rope_item(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr, DOT: tl.constexpr, wait_ptr=None, wait_count=0, WAIT: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False, REDUCE_EACH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, REDUCE_EACH: tl.constexpr = False, ws_ptr=None, W_SCALE: tl.constexpr = 0,
 ):
     """Program pid's work (the kernel's, and kernels/persistent_decode.py's work items; WAIT,
-    PREFETCH and REDUCE_EACH: as in `_skinny_acc`)."""
+    PREFETCH and REDUCE_EACH: as in `_skinny_acc`; W_SCALE: an FP8 weight's, `_w_scaled`)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     HB: tl.constexpr = BLOCK_N // 2
     RUNS: tl.constexpr = HALF // HB  # programs per head
@@ -83,6 +85,7 @@ def _rope_item(
                       M, stride_x, stride_r, stride_nr, stride_w, eps, K, TILES_PER_SPLIT, 1,
                       HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, DOT, wait_ptr, wait_count, WAIT,
                       PREFETCH, REDUCE_EACH)
+    acc = _w_scaled(acc, ws_ptr, offs_n, cols < BLOCK_N, W_SCALE)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
     dtype = x_ptr.dtype.element_ty
@@ -151,7 +154,7 @@ def rms_norm_qkv_rope_triton(
     residual: torch.Tensor | None,  # [M, K]
     norm_weight: torch.Tensor,  # [K]
     eps: float,
-    w: torch.Tensor,  # [(num_heads + 2 * num_kv_heads) * head_dim, K]: q | k | v rows
+    w: torch.Tensor | Fp8Weight,  # [(num_heads + 2 * num_kv_heads) * head_dim, K]: q | k | v rows
     bias: torch.Tensor | None,  # [(num_heads + 2 * num_kv_heads) * head_dim]
     positions: torch.Tensor,  # [M] int32/int64
     cos_sin_cache: torch.Tensor,  # [max_position, head_dim]: cos | sin halves
@@ -168,6 +171,7 @@ def rms_norm_qkv_rope_triton(
     returns (q [M, num_heads, head_dim] new and contiguous, new residual [M, K] or x itself);
     writes this step's k and v into the cache."""
     tensors = check_skinny_args(x, w, bias, residual, norm_weight, MAX_M)
+    w, w_scale, w_scale_kind = unpack_weight(w)
     m, (n, k) = x.shape[0], w.shape
     tensors.update(_check(x, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, n, num_heads,
                           num_kv_heads, head_dim))
@@ -187,12 +191,14 @@ def rms_norm_qkv_rope_triton(
             q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
             HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, NUM_HEADS=num_heads,
             NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1], USE_PDL=pdl,
+            ws_ptr=w_scale, W_SCALE=w_scale_kind,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_constants(cfg, m, k),
             **({"launch_pdl": True} if pdl else {}),  # (the interpreter takes no launch_pdl)
         )
 
     if config is None:  # pdl or not: one config, so the same bits
-        key = ("rope", bias is not None, triton.next_power_of_2(m), n, k, head_dim, x.dtype, x.device)
+        key = ("rope", bias is not None, triton.next_power_of_2(m), n, k, head_dim, x.dtype, w.dtype, w_scale_kind,
+               x.device)
         config = pick_config(key, run, x.is_cuda, m, n, k, keep=lambda cfg: rope_fits(cfg, head_dim),
                              default=rope_default_config(m, n, k, head_dim))
     run(config)

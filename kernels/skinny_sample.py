@@ -26,7 +26,7 @@ import triton.language as tl
 
 from kernels._checks import check_same_device, check_skinny_args, check_tensor
 from kernels.sampling import _chunk_argmax, _key, gumbel_noise
-from kernels.skinny_gemm import _skinny_acc
+from kernels.skinny_acc import _skinny_acc
 from kernels.skinny_tune import MAX_M, SkinnyConfig, default_config, launch_constants, pick_config
 
 REDUCE_BLOCK = 1024  # partials a lane group of the reduce walks at a time

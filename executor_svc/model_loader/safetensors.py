@@ -52,8 +52,8 @@ def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype,
     """Builds the model for the folder's config.json (or hf_config, already loaded) and loads
     its safetensors weights. quantization: --quantization ("" or "fp8"); an FP8 checkpoint is
     FP8 either way. tp: this rank's share only (parallel/shard.py). skinny_max_tokens: the
-    skinny-GEMM decode path's bound (models/llama.py; CUDA), off for FP8 projections (the
-    skinny kernels read dense weights). model.kv_scales: the checkpoint's per-layer
+    skinny-GEMM decode path's bound (models/llama.py; CUDA), off for block-scaled FP8 projections
+    (the skinny kernels take per-tensor / per-channel FP8 scales). model.kv_scales: the checkpoint's per-layer
     (k_scale, v_scale) floats, or None (kv_scales.py). batch_invariant: --deterministic's kernels
     (models/llama.py; dense weights only)."""
     path = Path(path)
@@ -66,7 +66,8 @@ def load_model(path: str | Path, device: str | torch.device, dtype: torch.dtype,
     if scheme is not None and scheme.strategy == "block":
         shard_fp8.check_blocks(args, tp, scheme.block)
     with torch.device("meta"):
-        model = LlamaForCausalLM(args, tp, 0 if scheme is not None else skinny_max_tokens, pdl,
+        skinny = 0 if scheme is not None and not fp8.Fp8Linear.skinny_fits(scheme.strategy) else skinny_max_tokens
+        model = LlamaForCausalLM(args, tp, skinny, pdl,
                                  batch_invariant).to(dtype)
         if scheme is not None:  # after .to(dtype), which would cast the fp8 weights
             fp8.replace_linears(model, scheme, dtype, shard.fused_bounds(args, tp))

@@ -38,6 +38,13 @@ def use_skinny(x: torch.Tensor, max_tokens: int) -> bool:
     return x.is_cuda and 0 < x.shape[0] <= min(max_tokens, SKINNY_MAX_M)
 
 
+def skinny_weight(linear: nn.Module):
+    """What the skinny decode kernels read for `linear`: its weight, or an FP8 layer's
+    kernels Fp8Weight (quantization/fp8.py Fp8Linear.skinny_weight)."""
+    pick = getattr(linear, "skinny_weight", None)
+    return pick() if pick is not None else linear.weight
+
+
 def fp8_input_group(linear: nn.Module, x: torch.Tensor) -> int | None:
     """The activation group size when `linear` (an FP8 w8a8 layer at x's row count) takes its
     input quantized by the kernel before it (quantization/fp8.py Fp8Linear.input_quant_group),

@@ -180,10 +180,11 @@ class DecoderLayer(nn.Module):
     def _forward_skinny(self, x, residual, positions, attn, kv_cache, cos_sin_cache, pdl: bool):
         """The same layer in four skinny GEMM launches (kernels/skinny_gemm.py): each RMSNorm is
         the prologue of the GEMM after it, silu_and_mul the prologue of down_proj; rope and the KV
-        write are the qkv GEMM's epilogue where Attention.fuses_rope (kernels/skinny_rope.py)."""
+        write are the qkv GEMM's epilogue where Attention.fuses_rope (kernels/skinny_rope.py).
+        FP8 projections (per-tensor / per-channel scales) are read as e4m3 (layers.skinny_weight)."""
         attn_mod, mlp = self.self_attn, self.mlp
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
-        qkv_w, qkv_b = attn_mod.qkv_proj.weight, attn_mod.qkv_proj.bias
+        qkv_w, qkv_b = layers.skinny_weight(attn_mod.qkv_proj), attn_mod.qkv_proj.bias
         if attn_mod.fuses_rope(x, kv_cache):
             q, residual = layers.rms_norm_qkv_rope(
                 x, residual, norm1.weight, norm1.eps, qkv_w, qkv_b, positions, cos_sin_cache, kv_cache.k, kv_cache.v,
@@ -192,10 +193,11 @@ class DecoderLayer(nn.Module):
         else:
             qkv, residual = layers.rms_norm_linear(x, residual, norm1.weight, norm1.eps, qkv_w, qkv_b, pdl=pdl)
             o = attn_mod.attend(qkv, positions, attn, kv_cache, cos_sin_cache, pdl)
-        h = self.tp.all_reduce(layers.skinny_linear(o, attn_mod.o_proj.weight, attn_mod.o_proj.bias, pdl=pdl))
+        h = self.tp.all_reduce(layers.skinny_linear(o, layers.skinny_weight(attn_mod.o_proj), attn_mod.o_proj.bias,
+                                                    pdl=pdl))
         gate_up, residual = layers.rms_norm_linear(h, residual, norm2.weight, norm2.eps,
-                                                   mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, pdl=pdl)
-        return self.tp.all_reduce(layers.silu_mul_linear(gate_up, mlp.down_proj.weight, pdl=pdl)), residual
+                                                   layers.skinny_weight(mlp.gate_up_proj), mlp.gate_up_proj.bias, pdl=pdl)
+        return self.tp.all_reduce(layers.silu_mul_linear(gate_up, layers.skinny_weight(mlp.down_proj), pdl=pdl)), residual
 
 
 class LlamaForCausalLM(nn.Module):

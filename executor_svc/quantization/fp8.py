@@ -14,8 +14,8 @@ the tensor cores (`torch._scaled_mm` rowwise, or a Triton block-scaled GEMM); th
 from M alone, so CUDA graphs replay what they captured. On CPU the w8a16 reference at every M:
 x @ dequantize(weight)^T in float32, rounded once to x's dtype (for float32 models the former
 dequantize-then-F.linear result up to summation order). The skinny decode path of
-models/llama.py reads `.weight` as a dense matrix, so start-up keeps it off
-(`skinny_max_tokens = 0`) for FP8 models. Where a row count takes the w8a8 path on CUDA,
+models/llama.py reads tensor / channel-scaled layers as kernels Fp8Weight (`skinny_weight`: the
+e4m3 tiles, the scale in the epilogue); start-up keeps it off for block-scaled models. Where a row count takes the w8a8 path on CUDA,
 `input_quant_group` tells the model to have the RMSNorm / SiLU before the layer emit the FP8
 activations itself (kernels/fp8_fused.py: no separate quantization launch); forward then takes
 that `Fp8Activation` as well as a 16-bit x (o_proj after attention, w8a16 row counts).
@@ -30,6 +30,7 @@ import kernels
 from executor_svc.model_loader.checks import ModelError
 from executor_svc.quantization.schemes import Fp8Scheme
 from kernels.fp8_reference import Fp8Activation, dequantize_fp8_reference, fused_quant_group
+from kernels.fp8_weight import Fp8Weight
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -57,6 +58,18 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
         return kernels.fp8_linear(x, self.weight, self.weight_scale, self.strategy, self.block, self.bias)
+
+    def skinny_weight(self) -> Fp8Weight:
+        """The weight as the skinny decode kernels read it (e4m3 and its per-tensor or per-channel
+        scales; models/layers.skinny_weight). Block-scaled layers keep the skinny path off
+        (skinny_fits)."""
+        if not self.skinny_fits(self.strategy):
+            raise ValueError(f"the skinny kernels take tensor / channel FP8 scales, not {self.strategy!r}")
+        return Fp8Weight(self.weight, self.weight_scale)
+
+    @staticmethod
+    def skinny_fits(strategy: str) -> bool:
+        return strategy in ("tensor", "channel")
 
     def input_quant_group(self, x: torch.Tensor) -> int | None:
         """For the 16-bit input x [..., K] this layer would get: the activation group size when its
