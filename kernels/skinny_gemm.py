@@ -14,7 +14,9 @@ M == 1 runs a GEMV (fp32 products, reduced once at the end); 2 <= M <= 16 pad th
 16-row `tl.dot` tile (the smallest tensor-core M, hence MAX_M = 16) or, with a config's
 dot=False, run the GEMV's loop with a row axis (rows padded to a power of two; the tuner times
 both). fp32 accumulation, IEEE products for fp32; K is a constexpr (a model has two). The
-accumulation (`_skinny_acc`) is shared with the fused qkv + rope kernel (kernels/skinny_rope.py).
+accumulation (`_skinny_acc`, kernels/skinny_acc.py) is shared with the fused qkv + rope kernel
+(kernels/skinny_rope.py). W is 16-bit in x's dtype or an FP8 `Fp8Weight` (kernels/fp8_weight.py:
+e4m3 tiles, a per-tensor or per-column scale applied in the epilogue).
 
 Config (kernels/skinny_tune.py): the first call of a (prologue, bias, M bucket, N, K, dtype) key
 times CONFIGS in CUDA graphs with a cold L2 (kernel + split reduce) and caches the fastest. Tuning
