@@ -208,12 +208,12 @@ def rms_norm_linear(
 
 
 def rms_norm_qkv_rope(x, residual, norm_weight, eps, w, bias, positions, cos_sin_cache, k_cache, v_cache,
-                      slot_mapping, num_heads: int, num_kv_heads: int, head_dim: int,
+                      slot_mapping, num_heads: int, num_kv_heads: int, head_dim: int, k_scale=None, v_scale=None,
                       pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """rms_norm_linear (the qkv projection) then rotary_write_kv (NeoX, no q/k norm, a cache in x's
-    dtype), one launch on CUDA (kernels/skinny_rope.py): (q [M, num_heads, head_dim], new residual)."""
+    dtype or FP8 with its scales), one launch on CUDA (kernels/skinny_rope.py): (q [M, nh, D], new residual)."""
     args = (x, residual, norm_weight, eps, w, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-            num_heads, num_kv_heads, head_dim)
+            num_heads, num_kv_heads, head_dim, k_scale, v_scale)
     if x.is_cuda:
         from kernels.skinny_rope import rms_norm_qkv_rope_triton
 

@@ -176,13 +176,15 @@ def rms_norm_qkv_rope_reference(
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    k_scale: torch.Tensor | None = None,  # [1] float32: FP8 caches only
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The skinny decode layer's attention prologue: rms_norm_linear_reference (input norm + qkv
     projection, rounded to x's dtype) then rotary_write_kv_reference (NeoX, no q/k norm). Returns
     (q [M, num_heads, head_dim], new residual); writes k and v into the cache."""
     qkv, new_residual = rms_norm_linear_reference(x, residual, norm_weight, eps, w, bias)
     q = rotary_write_kv_reference(positions, qkv, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                                  num_heads, num_kv_heads, head_dim)
+                                  num_heads, num_kv_heads, head_dim, k_scale=k_scale, v_scale=v_scale)
     return q, new_residual
 
 

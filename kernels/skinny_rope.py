@@ -23,8 +23,9 @@ hi cos)), written out here so that a different contraction cannot move the last 
 q[m, h]; k heads, and v heads unrotated, to cache[slot // block_size, slot % block_size, kv head]
 for slot = slot_mapping[m] >= 0 (negative: skipped). Program 0 writes the new residual.
 
-Scope: NeoX rope, no q/k norm (Qwen3), a KV cache in x's dtype (not FP8), head_dim a power of
-two >= 16; the wrapper raises ValueError outside it, and the model keeps the unfused pair there
+Scope: NeoX rope, no q/k norm (Qwen3), a KV cache in x's dtype or FP8 (k and v rounded to x's
+dtype, then stored as rotary_cache.py stores them: `quantize_fp8` with k_scale / v_scale), head_dim
+a power of two >= 16; the wrapper raises ValueError outside it, and the model keeps the unfused pair there
 (Attention.fuses_rope). Config: skinny_tune.py's tuning under its own key ("rope", ...), its
 candidates filtered by `rope_fits`; pdl exactly as the plain skinny kernels.
 """
@@ -35,7 +36,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_power_of_two, check_same_device, check_skinny_args, check_tensor
+from kernels._checks import (
+    FP8_KV_DTYPE, check_kv_scales, check_power_of_two, check_same_device, check_skinny_args, check_tensor,
+)
+from kernels.cache import quantize_fp8
 from kernels.fp8_weight import Fp8Weight, unpack_weight
 from kernels.skinny_acc import _skinny_acc, _w_scaled
 from kernels.skinny_gemm import PROLOGUE_RMS
@@ -53,12 +57,14 @@ def _skinny_rope_kernel(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr = False, DOT: tl.constexpr = True, ws_ptr=None, W_SCALE: tl.constexpr = 0,
+    k_scale_ptr=None, v_scale_ptr=None, FP8_KV: tl.constexpr = False,
 ):
     _rope_item(x_ptr, r_ptr, nw_ptr, nr_ptr, w_ptr, bias_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
                q_ptr, k_cache_ptr, v_cache_ptr, tl.program_id(0),
                M, stride_x, stride_r, stride_nr, stride_w, stride_cos_sin, stride_q, stride_cb, stride_cs, stride_ch,
                eps, K, TILES_PER_SPLIT, HAS_RESIDUAL, HAS_BIAS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
-               BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, DOT, ws_ptr=ws_ptr, W_SCALE=W_SCALE)
+               BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, USE_PDL, DOT, ws_ptr=ws_ptr, W_SCALE=W_SCALE,
+               k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr, FP8_KV=FP8_KV)
 
 
 @triton.jit
@@ -71,9 +77,11 @@ def _rope_item(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr, DOT: tl.constexpr, wait_ptr=None, wait_count=0, WAIT: tl.constexpr = False,
     PREFETCH: tl.constexpr = False, REDUCE_EACH: tl.constexpr = False, ws_ptr=None, W_SCALE: tl.constexpr = 0,
+    k_scale_ptr=None, v_scale_ptr=None, FP8_KV: tl.constexpr = False,
 ):
     """Program pid's work (the kernel's, and kernels/persistent_decode.py's work items; WAIT,
-    PREFETCH and REDUCE_EACH: as in `_skinny_acc`; W_SCALE: an FP8 weight's, `_w_scaled`)."""
+    PREFETCH and REDUCE_EACH: as in `_skinny_acc`; W_SCALE: an FP8 weight's, `_w_scaled`; FP8_KV:
+    k and v stored as rotary_cache.py stores them in an FP8 cache, `quantize_fp8` of the rounded value)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     HB: tl.constexpr = BLOCK_N // 2
     RUNS: tl.constexpr = HALF // HB  # programs per head
@@ -115,15 +123,25 @@ def _rope_item(
         off = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs)[:, None] \
             + kv_head * stride_ch + j[None, :]  # (k and v caches share their strides)
         if head < NUM_HEADS + NUM_KV_HEADS:
+            if FP8_KV:
+                out_lo, out_hi = _fp8_pair(out_lo, out_hi, k_scale_ptr, k_cache_ptr.dtype.element_ty)
             tl.store(k_cache_ptr + off, out_lo, mask=ok)
             tl.store(k_cache_ptr + off + HALF, out_hi, mask=ok)
         else:
+            if FP8_KV:
+                out_lo, out_hi = _fp8_pair(out_lo, out_hi, v_scale_ptr, v_cache_ptr.dtype.element_ty)
             tl.store(v_cache_ptr + off, out_lo, mask=ok)
             tl.store(v_cache_ptr + off + HALF, out_hi, mask=ok)
 
 
+@triton.jit
+def _fp8_pair(lo, hi, scale_ptr, cache_dtype: tl.constexpr):
+    scale = tl.load(scale_ptr)
+    return quantize_fp8(lo, scale).to(cache_dtype), quantize_fp8(hi, scale).to(cache_dtype)
+
+
 def _check(x, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, n, num_heads, num_kv_heads,
-           head_dim) -> dict:
+           head_dim) -> dict:  # (an FP8 cache's scales: check_kv_scales)
     """Raises ValueError on arguments outside the kernel's scope; returns the tensors by name."""
     check_power_of_two("head_dim", head_dim, 16)
     if n != (num_heads + 2 * num_kv_heads) * head_dim:
@@ -136,11 +154,8 @@ def _check(x, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, n, num_h
     check_tensor("cos_sin_cache", cos_sin_cache, 2)
     if cos_sin_cache.shape[1] != head_dim:
         raise ValueError(f"cos_sin_cache row is {cos_sin_cache.shape[1]} wide, head_dim is {head_dim}")
-    if k_cache.dtype != x.dtype or v_cache.dtype != x.dtype:
-        raise ValueError(f"the fused kernel writes a KV cache in x's dtype ({x.dtype}), got {k_cache.dtype}/"
-                         f"{v_cache.dtype}: an FP8 cache takes rms_norm_linear + rotary_write_kv")
-    check_tensor("k_cache", k_cache, 4, (x.dtype,))
-    check_tensor("v_cache", v_cache, 4, (x.dtype,))
+    check_tensor("k_cache", k_cache, 4, (x.dtype, FP8_KV_DTYPE))
+    check_tensor("v_cache", v_cache, 4, (k_cache.dtype,))
     if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
         raise ValueError("k_cache and v_cache must have the same shape and strides")
     if tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
@@ -164,6 +179,8 @@ def rms_norm_qkv_rope_triton(
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    k_scale: torch.Tensor | None = None,  # [1] float32: an FP8 cache's (kernels/cache.py), else ignored
+    v_scale: torch.Tensor | None = None,
     config: SkinnyConfig | None = None,  # None: tuned (CUDA) or rope_default_config
     pdl: bool = False,  # a programmatic dependent launch (compute capability 9.0+)
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,6 +192,7 @@ def rms_norm_qkv_rope_triton(
     m, (n, k) = x.shape[0], w.shape
     tensors.update(_check(x, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, n, num_heads,
                           num_kv_heads, head_dim))
+    fp8_kv = check_kv_scales(k_cache, k_scale, v_scale)
     check_same_device(**tensors)
     if config is not None and not rope_fits(config, head_dim):
         raise ValueError(f"{config} does not fit the fused rope kernel: split_k must be 1 and block_n a "
@@ -191,7 +209,8 @@ def rms_norm_qkv_rope_triton(
             q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
             HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, NUM_HEADS=num_heads,
             NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1], USE_PDL=pdl,
-            ws_ptr=w_scale, W_SCALE=w_scale_kind,
+            ws_ptr=w_scale, W_SCALE=w_scale_kind, FP8_KV=fp8_kv,
+            k_scale_ptr=k_scale if fp8_kv else None, v_scale_ptr=v_scale if fp8_kv else None,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_constants(cfg, m, k),
             **({"launch_pdl": True} if pdl else {}),  # (the interpreter takes no launch_pdl)
         )

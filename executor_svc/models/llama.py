@@ -94,9 +94,10 @@ class Attention(nn.Module):
     def fuses_rope(self, x: torch.Tensor, kv_cache: KVCache) -> bool:
         """Whether the skinny layer runs input norm + qkv + rope + KV write as one launch
         (layers.rms_norm_qkv_rope, kernels/skinny_rope.py): NeoX rope (this model's), no q/k norm,
-        a cache in x's dtype (not FP8), head_dim a power of two >= 16. Host facts only."""
+        a cache in x's dtype or FP8, head_dim a power of two >= 16. Host facts only."""
         d = self.head_dim
-        return self.q_norm is None and kv_cache.k.dtype == x.dtype and d >= 16 and d & (d - 1) == 0
+        cache_ok = kv_cache.k.dtype in (x.dtype, torch.float8_e4m3fn)
+        return self.q_norm is None and cache_ok and d >= 16 and d & (d - 1) == 0
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_cache: KVCache, cos_sin_cache: torch.Tensor) -> torch.Tensor:
@@ -188,7 +189,8 @@ class DecoderLayer(nn.Module):
         if attn_mod.fuses_rope(x, kv_cache):
             q, residual = layers.rms_norm_qkv_rope(
                 x, residual, norm1.weight, norm1.eps, qkv_w, qkv_b, positions, cos_sin_cache, kv_cache.k, kv_cache.v,
-                attn.slot_mapping, attn_mod.num_heads, attn_mod.num_kv_heads, attn_mod.head_dim, pdl=pdl)
+                attn.slot_mapping, attn_mod.num_heads, attn_mod.num_kv_heads, attn_mod.head_dim,
+                kv_cache.k_scale, kv_cache.v_scale, pdl=pdl)
             o = attn_mod.attend_rotated(q, attn, kv_cache, pdl)
         else:
             qkv, residual = layers.rms_norm_linear(x, residual, norm1.weight, norm1.eps, qkv_w, qkv_b, pdl=pdl)

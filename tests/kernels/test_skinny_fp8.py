@@ -133,9 +133,11 @@ def test_bad_fp8_weights_raise():
 
 # --- the FP8 model's skinny decode path ------------------------------------------------------------
 
-def test_fp8_model_skinny_path_matches_its_default_path_on_cpu(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kv_dtype", [torch.float32, FP8])
+def test_fp8_model_skinny_path_matches_its_default_path_on_cpu(tmp_path, monkeypatch, kv_dtype):
     """--quantization fp8 (per-channel scales): the skinny layers read Fp8Weights, forced on with
-    the references on CPU == the Fp8Linear path; block-scaled models keep the skinny path off."""
+    the references on CPU == the Fp8Linear path, an FP8 KV cache written by the fused norm + qkv +
+    rope kernel (one a layer) as by the unfused pair."""
     from executor_svc.model_loader.random_model import build_random_model
     from executor_svc.model_loader.safetensors import load_model
     from executor_svc.models import layers
@@ -151,27 +153,32 @@ def test_fp8_model_skinny_path_matches_its_default_path_on_cpu(tmp_path, monkeyp
     for forced in (False, True):
         if forced:
             monkeypatch.setattr(layers, "use_skinny", lambda x, max_tokens: 0 < x.shape[0] <= max_tokens)
-            fused = layers.skinny_linear
+            fused, rope, ropes = layers.skinny_linear, layers.rms_norm_qkv_rope, []
             monkeypatch.setattr(layers, "skinny_linear", lambda x, w, *a, **kw: reads.append(w) or fused(x, w, *a, **kw))
-        caches = allocate_kv_caches(model.args, 4, 16, torch.float32, torch.device("cpu"))
+            monkeypatch.setattr(layers, "rms_norm_qkv_rope", lambda *a, **kw: ropes.append(a[4]) or rope(*a, **kw))
+        caches = allocate_kv_caches(model.args, 4, 16, kv_dtype, torch.device("cpu"))
         with torch.inference_mode():
             hidden = model(ids, torch.arange(12), _prefill_meta(12, [2], 16), caches)
-            outs.append(model.compute_logits(hidden))
+            outs.append((model.compute_logits(hidden), caches[0].k.float()))
     monkeypatch.undo()
+    assert len(ropes) == model.args.num_layers and all(isinstance(w, Fp8Weight) for w in ropes)
     # o_proj of each layer reads its Fp8Weight (compute_logits the dense lm_head)
     assert sum(isinstance(w, Fp8Weight) for w in reads) == model.args.num_layers
-    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[1][0], outs[0][0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(outs[1][1], outs[0][1])  # layer 0's cache, written the same
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not ON_CUDA, reason="needs CUDA")
-def test_fp8_model_greedy_tokens_equal_with_skinny_on_and_off(tmp_path):
-    """bf16 tiny Llama, --quantization fp8: eager decode tokens with the FP8 skinny path off == on
-    (batches 1 and 5), and graphs captured with it on replay the eager tokens."""
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_fp8_model_greedy_tokens_equal_with_skinny_on_and_off(tmp_path, kv_cache_dtype):
+    """bf16 tiny Llama, --quantization fp8 (and an FP8 KV cache): eager decode tokens with the FP8
+    skinny path off == on (batches 1 and 5), and graphs captured with it on replay the eager tokens."""
     from executor_svc.model_loader.random_model import build_random_model
     from tests.executor.cuda_helpers import Driver, check_graph_tokens_equal_eager, cuda_runner
 
     runner = cuda_runner(build_random_model(tmp_path / "m", "tiny-llama"), quantization="fp8",
+                         kv_cache_dtype=kv_cache_dtype,
                          max_num_seqs=8, cuda_graph_sizes=(1, 2, 4, 8), num_kv_blocks=8 * 16 + 1)
     model = runner.model
     assert model.skinny_max_tokens > 0

@@ -173,6 +173,36 @@ def test_float32_and_the_chosen_config(m):
     assert all(_same_bits(a, c) for a, c in zip(*runs))
 
 
+@pytest.mark.parametrize("m", tier([1, 5], [5]))
+@triton_test
+def test_fp8_cache_is_the_unfused_pair_bit_for_bit(m):
+    """An FP8 cache: k and v quantized with their scales exactly as rotary_write_kv_triton stores
+    them after the unfused GEMM (and as the reference, but for a few e4m3 roundings); q unchanged."""
+    from kernels.skinny_tune import SkinnyConfig
+
+    heads = (4, 2, 64)
+    x, r, nw, w, b, pos, cs, slots, shape = _case(m, heads, DTYPE, [1] if m > 1 else [], seed=11)
+    scales = [torch.tensor([s], device=DEVICE) for s in (0.02, 0.05)]
+    fp8 = torch.float8_e4m3fn
+    cfg = SkinnyConfig(16, 64, 4, 1, 1)
+    k1, v1, k2, v2 = (torch.zeros(shape, device=DEVICE).to(fp8) for _ in range(4))
+    from kernels.rotary_cache import rotary_write_kv_triton
+    from kernels.skinny_gemm import rms_norm_linear_triton
+    from kernels.skinny_rope import rms_norm_qkv_rope_triton
+
+    q, _ = rms_norm_qkv_rope_triton(x, r, nw, EPS, w, b, pos, cs, k1, v1, slots, *heads, *scales, config=cfg)
+    qkv, _ = rms_norm_linear_triton(x, r, nw, EPS, w, b, cfg)
+    want_q = rotary_write_kv_triton(pos, qkv, cs, k2, v2, slots, *heads, k_scale=scales[0], v_scale=scales[1])
+    assert _same_bits(q, want_q) and _same_bits(k1, k2) and _same_bits(v1, v2)
+    k3, v3 = (torch.zeros(shape).to(fp8) for _ in range(2))
+    ref.rms_norm_qkv_rope_reference(x.cpu(), r.cpu(), nw.cpu(), EPS, w.cpu(), b.cpu(), pos.cpu(), cs.cpu(), k3, v3,
+                                    slots.cpu(), *heads, *(s.cpu() for s in scales))
+    for got, want in ((k1.cpu(), k3), (v1.cpu(), v3)):  # a GEMM's last bit may move an e4m3 rounding
+        mismatch = (got.view(torch.uint8) != want.view(torch.uint8)).float().mean().item()
+        assert mismatch < 0.05  # (interpreted: the cast also truncates at binade edges, a few values)
+        assert not ON_CUDA or rel_err(got.float(), want.float()) < 0.05
+
+
 @triton_test
 def test_out_of_scope_raises():
     from kernels.skinny_tune import SkinnyConfig
@@ -189,8 +219,10 @@ def test_out_of_scope_raises():
         return rms_norm_qkv_rope_triton(*args.values(), *(heads_ or heads), config=config)
 
     fp8 = torch.zeros(shape, device=DEVICE).to(torch.float8_e4m3fn)
-    with pytest.raises(ValueError, match="FP8"):
+    with pytest.raises(ValueError, match="FP8 .* needs k_scale"):  # an FP8 cache without its scales
         call(k_cache=fp8, v_cache=fp8)
+    with pytest.raises(ValueError, match="v_cache dtype"):
+        call(v_cache=fp8)
     with pytest.raises(ValueError, match="split_k"):
         call(config=SkinnyConfig(16, 64, 4, 1, 2))
     with pytest.raises(ValueError, match="block_n"):
