@@ -3,7 +3,7 @@ the floor at this GPU's measured copy bandwidth (lent machines differ: H100 or H
 
     python -m benchmarks.w4_ab [--shapes llama-1b,smollm2-135m-draft] [--batches 1,8,64,256] [--no-pdl]
                                [--skinny-max-tokens N]
-                               [--persistent-decode] [--quantization fp8]
+                               [--persistent-decode] [--quantization fp8] [--kv-cache-dtype fp8]
 
 Prints one line a (shape, batch): `W4 <shape> b=<b> device <ms> step <ms> floor <ms> (<x> floor)`,
 graph-replayed steps, medians of benchmarks.decode_step.measure. Run it in each tree, alternating.
@@ -44,6 +44,7 @@ def main() -> None:
     p.add_argument("--skinny-max-tokens", type=int, default=None, help="the executor's flag (default: its own)")
     p.add_argument("--persistent-decode", action="store_true", help="the executor's flag")
     p.add_argument("--quantization", default="", help="the executor's flag (fp8: per-channel FP8 weights)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="the executor's flag")
     p.add_argument("--label", default="")
     args = p.parse_args()
     bandwidth = copy_bandwidth()
@@ -58,6 +59,8 @@ def main() -> None:
             overrides["persistent_decode"] = True
         if args.quantization:
             overrides["quantization"] = args.quantization
+        if args.kv_cache_dtype != "auto":
+            overrides["kv_cache_dtype"] = args.kv_cache_dtype
         if args.skinny_max_tokens is not None:
             overrides["skinny_max_tokens"] = args.skinny_max_tokens
         runner = runner_for(shape, **overrides)[0]
