@@ -196,11 +196,12 @@ def w8a8_fits(cfg: W8A8Config, k: int, k_tile_max: int) -> bool:
 def w8a8_default_config(m: int, n: int, k: int, k_tile_max: int = 128) -> W8A8Config:
     """The untuned choice: 64-row tiles up to 64 rows, then 128 x 128, K tiles of up to 128, and
     split-K doubling (up to 4) while the grid is under W8A8_SPLIT_TARGET programs and each split
-    keeps >= 4 K tiles (llama-1b at 256 rows: qkv, o and down split 4, gate_up 1)."""
+    keeps >= 4 K tiles (llama-1b at 256 rows: qkv, o and down split 4, gate_up 1); none past
+    W8A8_TUNE_MAX_M rows, so prefill sizes compile two variants, not one per grid size."""
     bk = min(128, k_tile_max)
     cfg = W8A8Config(64, 128, bk, 4, 4) if m <= 64 else W8A8Config(128, 128, bk, 8, 3)
     tiles, k_tiles, split = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), triton.cdiv(k, cfg.block_k), 1
-    while tiles * split < W8A8_SPLIT_TARGET and split < 4 and k_tiles >= 8 * split:
+    while m <= W8A8_TUNE_MAX_M and tiles * split < W8A8_SPLIT_TARGET and split < 4 and k_tiles >= 8 * split:
         split *= 2
     return cfg._replace(split_k=split)
 

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 
 from step_protocol.domain import CachedRequestData, DraftSlots, NewRequestData, SamplerParams, StepPlan
 
-ROW_BUCKET_CAP = 128  # row buckets the tuned GEMMs key on stop at 64 (w8a8's tiles change past it)
+# the tuned GEMMs key on power-of-two row buckets: skinny to 16, w8a16 to 64, w8a8 to 512
+# (kernels/fp8_w8a8.py W8A8_TUNE_MAX_M; beyond, one untuned choice): buckets stop at 1024
+ROW_BUCKET_CAP = 1024
 MARGIN = 8  # tokens a warm-up request may compute past its prompt (decodes, drafts)
 
 

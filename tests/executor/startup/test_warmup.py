@@ -40,9 +40,9 @@ def steps(scenarios):
 
 
 def test_classes_are_trivial_specialization_and_the_row_buckets():
-    assert representatives(1, 200) == [1, 2, 3, 5, 9, 16, 17, 32, 33, 48, 65, 80, 200]
-    assert representatives(1025, 8192) == [1025, 1040, 8192]  # past 64 rows: x % 16 alone
-    assert representatives(1, 1024, request_class)[-3:] == [512, 513, 1024]  # the search depth past 511
+    assert representatives(1, 200) == [1, 2, 3, 5, 9, 16, 17, 32, 33, 48, 65, 80, 129, 144, 200]
+    assert representatives(1025, 8192) == [1025, 1040, 8192]  # past 1024 rows: x % 16 alone
+    assert representatives(1, 1024, request_class)[-3:] == [513, 528, 1024]  # depth and row bucket past 512
     assert representatives(5, 3) == [] and representatives(7, 7) == [7]
     assert token_class(1) != token_class(2) and token_class(3) == token_class(4) and token_class(48) != token_class(47)
 
