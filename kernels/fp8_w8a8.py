@@ -230,7 +230,6 @@ def w8a8_linear_triton(x: torch.Tensor | Fp8Activation, weight: torch.Tensor, sc
     if backend not in ("auto", "triton", SCALED_MM):
         raise ValueError(f"unknown w8a8 backend {backend!r}")
     q, x_scale = (x.q, x.scale) if quantized else quantize_activations_triton(x, group)
-    y = torch.empty(m, n, device=weight.device, dtype=dtype)
     grouped = strategy == "block"
     bn, bk = block if grouped else (1, 1)
     k_tile_max = pow2_divisor(bk, 256) if grouped else 256
@@ -242,6 +241,7 @@ def w8a8_linear_triton(x: torch.Tensor | Fp8Activation, weight: torch.Tensor, sc
             out = torch._scaled_mm(q, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=dtype)
             return out.add_(bias) if bias is not None else out
         tiles = triton.cdiv(triton.cdiv(k, choice.block_k), choice.split_k)
+        y = torch.empty(m, n, device=weight.device, dtype=dtype)
         part = torch.empty(choice.split_k, m, n, device=y.device, dtype=torch.float32) if choice.split_k > 1 else y
         _w8a8_kernel[(triton.cdiv(m, choice.block_m) * triton.cdiv(n, choice.block_n), choice.split_k)](
             q, x_scale, weight, scale, bias if bias is not None else scale, y, part, m, n,
@@ -256,7 +256,7 @@ def w8a8_linear_triton(x: torch.Tensor | Fp8Activation, weight: torch.Tensor, sc
         return y
 
     if m == 0:
-        return y
+        return torch.empty(0, n, device=weight.device, dtype=dtype)
     if backend == SCALED_MM or config is not None:
         return run(config if backend != SCALED_MM else SCALED_MM)
     with_scaled_mm = backend == "auto" and scaled_mm_fits
