@@ -8,7 +8,7 @@ promoted to fp32 and scaled per (token group, weight block), split-K partials su
 order by skinny_gemm's `_split_reduce_kernel`). Up to W8A8_TUNE_MAX_M rows the GEMM is tuned at
 first use outside capture (W8A8_CONFIGS and, where it applies, `_scaled_mm`, timed cold in
 graphs), per (strategy, block, bias, next_pow2(M), N, K, dtype); beyond, or untuned,
-`w8a8_default_config`. Also the argument checks shared with the w8a16 kernel.
+`_scaled_mm` where it applies, else `w8a8_default_config`. Also the argument checks shared with the w8a16 kernel.
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def w8a8_linear_triton(x: torch.Tensor | Fp8Activation, weight: torch.Tensor, sc
     if m == 0:
         return torch.empty(0, n, device=weight.device, dtype=dtype)
     if backend == SCALED_MM or config is not None:
-        return run(config if backend != SCALED_MM else SCALED_MM)
+        return run(SCALED_MM if backend == SCALED_MM else config)
     with_scaled_mm = backend == "auto" and scaled_mm_fits
     default = SCALED_MM if with_scaled_mm else w8a8_default_config(m, n, k, min(128, k_tile_max))
     if m > W8A8_TUNE_MAX_M or not q.is_cuda:
